@@ -1,0 +1,195 @@
+"""The client runtime every method's client builds on.
+
+Flower rebuilds the ``NumPyClient`` for every message, so nothing may live on the object
+between rounds: the client's private model is restored from ``context.state`` at the start of
+each message and written back after training. A method subclass changes only what it receives
+(:meth:`FedClient.receive`), its loss (:meth:`FedClient.loss`) and what it uploads
+(:meth:`FedClient.upload`).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import OrderedDict
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.client import NumPyClient
+
+from fedapp import experiment
+from fedapp.config import ConfigError, RunConfig
+from fedapp.partitions import ClientData, load_client_data
+from fedapp.payload import Payload, from_ndarrays, to_ndarrays
+from fedapp.training import derive_seed, evaluate, make_optimizer, pick_device, train_epochs
+
+MODEL_STATE_KEY = "fedapp.model"
+VERSION_KEY = "fedapp.model-version"
+# Built models kept per process: rebuilding (and re-initialising) a model for every message
+# costs more than a round of training on small shards. A cached model is used as it is only
+# when its version matches the one saved in context.state; otherwise the state is loaded into
+# it. Bounded, so a process serving many virtual clients does not hoard memory.
+_MODEL_CACHE: OrderedDict[tuple, tuple[int, torch.nn.Module]] = OrderedDict()
+MODEL_CACHE_SIZE = 16
+
+
+def state_arrays(model: torch.nn.Module, names: list[str] | None = None) -> Payload:
+    """Named arrays of ``model.state_dict()`` (all, or only ``names``), as float32 numpy."""
+    state = model.state_dict()
+    names = list(state) if names is None else names
+    out = {}
+    for name in names:
+        value = state[name].detach().cpu().numpy()
+        out[name] = value.astype(np.float32) if value.dtype.kind == "f" else value
+    return out
+
+
+def load_arrays(model: torch.nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
+    """Overwrite the named entries of ``model``'s state with ``arrays`` (names must exist)."""
+    state = model.state_dict()
+    unknown = [n for n in arrays if n not in state]
+    if unknown:
+        raise ValueError(f"the model has no entries {unknown}")
+    with torch.no_grad():
+        for name, value in arrays.items():
+            state[name].copy_(torch.from_numpy(np.asarray(value)).to(state[name].dtype))
+
+
+@functools.lru_cache(maxsize=4)
+def _device_data(cfg: RunConfig, partition_id: int, device: str) -> tuple[ClientData, Any]:
+    """This client's shard (and the global test subset) on ``device``, once per process."""
+    data = experiment.dataset(cfg)
+    shard = load_client_data(data, experiment.partition_spec(cfg), partition_id)
+    shard = ClientData(*(t.to(device) for t in (shard.train_x, shard.train_y, shard.val_x,
+                                                shard.val_y, shard.test_x, shard.test_y)))
+    global_test = None
+    if cfg.eval_global_test:
+        n = len(data.test_y)
+        take = n if cfg.global_test_samples == 0 else min(n, cfg.global_test_samples)
+        # The same subset for every client, so their global accuracies are comparable.
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(
+            derive_seed(cfg.seed, "global-test")))[:take]
+        global_test = (data.test_x[order].to(device), data.test_y[order].to(device))
+    return shard, global_test
+
+
+class FedClient(NumPyClient):
+    """A virtual or real client: one partition, one architecture, one private model."""
+
+    def __init__(self, context: Context, cfg: RunConfig) -> None:
+        self.context = context
+        self.cfg = cfg
+        node = context.node_config
+        try:
+            self.partition_id = int(node["partition-id"])
+            num_partitions = int(node["num-partitions"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError("the node config must give integer 'partition-id' and "
+                              f"'num-partitions'; got {dict(node)}") from None
+        if num_partitions != cfg.num_clients or not 0 <= self.partition_id < num_partitions:
+            raise ConfigError(
+                f"node has partition-id={self.partition_id} of num-partitions={num_partitions}, "
+                f"but the run config says num-clients={cfg.num_clients}. In simulation set "
+                f"num-supernodes={cfg.num_clients} (fedapp run does this for you).")
+        self.device = pick_device()
+        self.arch = experiment.architectures(cfg)[self.partition_id]
+        self.data, self.global_test = _device_data(cfg, self.partition_id, self.device.type)
+        self.num_classes = experiment.dataset(cfg).num_classes
+        self.model = self._restore_model()
+
+    def _restore_model(self) -> torch.nn.Module:
+        """The private model as saved in ``context.state`` (fresh from the seed at first)."""
+        key = (self.context.run_id, self.cfg, self.partition_id)
+        state = self.context.state
+        version = int(state[VERSION_KEY]["version"]) if VERSION_KEY in state else 0
+        cached_version, model = _MODEL_CACHE.pop(key, (None, None))
+        if model is None:
+            data = experiment.dataset(self.cfg)
+            model = experiment.new_model(self.cfg, self.arch, data.input_shape, data.num_classes,
+                                         self.partition_id).to(self.device)
+            cached_version = 0
+        if cached_version != version:
+            model.load_state_dict(state[MODEL_STATE_KEY].to_torch_state_dict())
+        self._version = version
+        return model
+
+    def _cache_model(self, version: int) -> None:
+        """Put the model back in the cache once it is known to equal ``context.state``.
+
+        Only after a message succeeded: a client that crashed mid-training leaves no cached
+        model behind, so its next message starts again from what it last saved."""
+        _MODEL_CACHE[(self.context.run_id, self.cfg, self.partition_id)] = (version, self.model)
+        while len(_MODEL_CACHE) > MODEL_CACHE_SIZE:
+            _MODEL_CACHE.popitem(last=False)
+
+    # -- what a method changes ---------------------------------------------------------------
+    def receive(self, payload: Payload, server_round: int) -> None:
+        """Apply what the server sent before local training (default: nothing)."""
+
+    def receive_for_evaluation(self, payload: Payload) -> None:
+        """Apply what the server sent for evaluation (default: as for training)."""
+        self.receive(payload, 0)
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The local training objective on one mini-batch (default: cross-entropy)."""
+        return F.cross_entropy(self.model(x), y)
+
+    def upload(self) -> Payload:
+        """What goes to the server after local training (default: nothing)."""
+        return {}
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The local optimizer, fresh every round as in the papers' code."""
+        c = self.cfg
+        return make_optimizer(self.model.parameters(), c.optimizer, c.lr, c.momentum,
+                              c.weight_decay)
+
+    # -- the Flower side -----------------------------------------------------------------------
+    def identity(self) -> dict[str, Any]:
+        """Metrics that let the server tell clients apart (node ids are not partition ids)."""
+        return {"partition-id": self.partition_id, "arch": self.arch}
+
+    def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        server_round = int(config.get("server-round", 0))
+        # Dropout, augmentations and batch order all follow (seed, partition id, round).
+        torch.manual_seed(derive_seed(self.cfg.seed, "fit", self.partition_id, server_round))
+        self.receive(from_ndarrays(parameters), server_round)
+        start = time.perf_counter()
+        stats = train_epochs(
+            self.model, self.data.train_x, self.data.train_y, loss_fn=self.loss,
+            optimizer=self.optimizer(), epochs=self.cfg.local_epochs,
+            batch_size=self.cfg.batch_size, grad_clip=self.cfg.grad_clip,
+            generator=torch.Generator().manual_seed(
+                derive_seed(self.cfg.seed, "batches", self.partition_id, server_round)))
+        seconds = time.perf_counter() - start
+        upload = self.upload()
+        self.save_state()
+        metrics = {**self.identity(), "train-loss": stats.loss, "train-seconds": seconds,
+                   "train-samples": stats.samples}
+        return to_ndarrays(upload), len(self.data.train_y), metrics
+
+    def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        self.receive_for_evaluation(from_ndarrays(parameters))
+        loss, accuracy = evaluate(self.model, self.data.test_x, self.data.test_y)
+        metrics: dict[str, Any] = {**self.identity(), "accuracy": accuracy}
+        if self.global_test is not None:
+            metrics["global-loss"], metrics["global-accuracy"] = evaluate(self.model,
+                                                                          *self.global_test)
+        if not parameters:
+            # Nothing was installed for evaluation, so the model still equals context.state.
+            # (What a server sends for evaluation is never kept: training goes on from the
+            # private model saved after fit.)
+            self._cache_model(self._version)
+        return loss, len(self.data.test_y), metrics
+
+    def save_state(self) -> None:
+        """Keep the private model for the next round (the client object is discarded)."""
+        state = self.context.state
+        version = (int(state[VERSION_KEY]["version"]) if VERSION_KEY in state else 0) + 1
+        state[MODEL_STATE_KEY] = ArrayRecord(
+            torch_state_dict={k: v.detach().cpu() for k, v in self.model.state_dict().items()})
+        state[VERSION_KEY] = ConfigRecord({"version": version})
+        self._cache_model(version)

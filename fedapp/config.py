@@ -1,0 +1,268 @@
+"""The typed run configuration and its validation.
+
+Every setting of a run lives in ``[tool.flwr.app.config]`` of ``pyproject.toml`` with its
+default; presets in ``conf/`` override a few of them. Flower hands the merged flat dict to the
+ServerApp and ClientApp as ``context.run_config``; :func:`parse_run_config` turns it into a
+frozen :class:`RunConfig` and refuses a bad value before any training, naming the key, the value
+and what is allowed.
+
+Method-specific settings are namespaced (``fedgh.server-lr``) and validated by the method
+module itself (see ``strategies``); this module only knows the shared ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = PROJECT_ROOT / "conf"
+
+
+class ConfigError(ValueError):
+    """A run setting is missing, of the wrong type or outside what is allowed."""
+
+
+def _opt(default: Any, help: str, *, choices: tuple | None = None, low: float | None = None,
+         high: float | None = None, low_open: bool = False) -> Any:
+    """A dataclass field with the validation rule kept beside it."""
+    return field(default=default, metadata={
+        "help": help, "choices": choices, "low": low, "high": high, "low_open": low_open})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Shared settings of one run. Field ``foo_bar`` is the run-config key ``foo-bar``."""
+
+    # -- what runs
+    method: str = _opt("lg-fedavg", "federated method (see `fedapp methods`)")
+    num_server_rounds: int = _opt(20, "number of federated rounds", low=1)
+    num_clients: int = _opt(10, "number of clients (simulation: SuperNodes)", low=1)
+    fraction_fit: float = _opt(1.0, "fraction of clients sampled for training each round",
+                               low=0.0, high=1.0, low_open=True)
+    min_fit_clients: int = _opt(1, "lower bound on clients sampled per round", low=1)
+    seed: int = _opt(0, "seed of every random stream (data split, models, batches)", low=0)
+    # -- data
+    dataset: str = _opt("fmnist", "dataset", choices=(
+        "fmnist", "mnist", "cifar10", "cifar100", "emnist-letters", "synthetic"))
+    data_dir: str = _opt("", "directory holding the dataset files ('' = the default place)")
+    download: bool = _opt(False, "let torchvision download a missing dataset (needs internet)")
+    synthetic_shape: str = _opt("1,28,28", "synthetic input shape 'C,H,W'")
+    synthetic_classes: int = _opt(10, "synthetic number of classes", low=2)
+    synthetic_train: int = _opt(2000, "synthetic training samples", low=1)
+    synthetic_test: int = _opt(500, "synthetic test samples", low=1)
+    # -- partition
+    partition: str = _opt("dirichlet", "how the training set is split over clients", choices=(
+        "iid", "dirichlet", "pathological", "two-class", "fixed-size"))
+    dirichlet_alpha: float = _opt(0.5, "Dirichlet concentration (smaller = more skewed)",
+                                  low=0.0, low_open=True)
+    min_partition_size: int = _opt(10, "Dirichlet: minimum training samples per client", low=0)
+    classes_per_client: int = _opt(2, "pathological / two-class / fixed-size: classes per client",
+                                   low=1)
+    samples_per_client: int = _opt(500, "fixed-size: training samples per client", low=1)
+    two_class_with_replacement: bool = _opt(
+        False, "two-class: sample with replacement as FedClassAvg's code does")
+    max_samples_per_client: int = _opt(600, "cap on training samples per client (0 = none)", low=0)
+    local_test: str = _opt("global", "where a client's test set comes from",
+                           choices=("global", "split"))
+    test_fraction: float = _opt(0.2, "local test size relative to the local training size",
+                                low=0.0, high=1.0, low_open=True)
+    val_fraction: float = _opt(0.0, "validation held out of the local training data",
+                               low=0.0, high=0.9)
+    label_permutation: bool = _opt(False, "give each client its own random label ids")
+    # -- models
+    arch_mix: str = _opt("cnn1,cnn2,cnn3,cnn4,cnn5", "comma-separated architectures")
+    arch_assignment: str = _opt("round-robin", "how architectures are given to clients",
+                                choices=("round-robin", "blocks", "random"))
+    feature_dim: int = _opt(500, "shared representation dimension d (0 = each model's own)",
+                            low=0)
+    model_width: float = _opt(1.0, "channel width multiplier", low=0.0, low_open=True)
+    # -- local training
+    local_epochs: int = _opt(1, "local epochs per round", low=1)
+    batch_size: int = _opt(64, "local mini-batch size", low=1)
+    optimizer: str = _opt("sgd", "local optimizer", choices=("sgd", "adam"))
+    lr: float = _opt(0.01, "local learning rate", low=0.0, low_open=True)
+    momentum: float = _opt(0.9, "SGD momentum", low=0.0, high=1.0)
+    weight_decay: float = _opt(0.0, "L2 weight decay", low=0.0)
+    grad_clip: float = _opt(0.0, "gradient-norm clipping (0 = off)", low=0.0)
+    # -- evaluation
+    eval_global_test: bool = _opt(False, "also evaluate every client on the global test set")
+    global_test_samples: int = _opt(0, "global test subset size (0 = all)", low=0)
+    # -- runtime
+    client_num_cpus: int = _opt(1, "simulation: CPUs reserved per virtual client", low=1)
+    client_num_gpus: float = _opt(0.0, "simulation: GPU fraction per virtual client", low=0.0)
+    wait_for_clients_seconds: int = _opt(300, "how long the server waits for num-clients",
+                                         low=1)
+    output_dir: str = _opt("", "absolute results directory ('' = ~/fedapp-results)")
+    run_name: str = _opt("", "results sub-folder name ('' = method-dataset-time)")
+
+    # ----------------------------------------------------------------------------------------
+    @property
+    def architectures(self) -> list[str]:
+        """The arch mix as a list (validated by :func:`parse_run_config`)."""
+        return [a.strip() for a in self.arch_mix.split(",") if a.strip()]
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """The synthetic input shape as a tuple."""
+        return tuple(int(v) for v in self.synthetic_shape.split(","))  # type: ignore[return-value]
+
+    def results_root(self) -> Path:
+        """The absolute folder under which every run writes its own folder."""
+        return Path(self.output_dir) if self.output_dir else Path.home() / "fedapp-results"
+
+    def to_flat(self) -> dict[str, Any]:
+        """The shared settings as run-config keys, e.g. for ``config.json``."""
+        return {key_of(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def key_of(field_name: str) -> str:
+    """Field name -> run-config key (``num_clients`` -> ``num-clients``)."""
+    return field_name.replace("_", "-")
+
+
+SHARED_KEYS = {key_of(f.name): f for f in dataclasses.fields(RunConfig)}
+
+
+def _describe(f: dataclasses.Field) -> str:
+    m = f.metadata
+    if m["choices"]:
+        return "one of " + ", ".join(repr(c) for c in m["choices"])
+    kind = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    text = kind[type(f.default)]
+    if m["low"] is not None:
+        text += f" {'>' if m['low_open'] else '>='} {m['low']}"
+    if m["high"] is not None:
+        text += f" and <= {m['high']}"
+    return text
+
+
+def _check_value(key: str, f: dataclasses.Field, value: Any) -> Any:
+    """Return ``value`` converted to the field's type, or raise ConfigError."""
+    want = type(f.default)
+    bad = ConfigError(f"setting {key} = {value!r} is invalid: expected {_describe(f)}"
+                      f" ({f.metadata['help']}).")
+    if want is bool:
+        if not isinstance(value, bool):
+            raise bad
+    elif want is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+    elif want is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        value = float(value)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise bad
+    elif not isinstance(value, str):
+        raise bad
+    m = f.metadata
+    if m["choices"] and value not in m["choices"]:
+        raise bad
+    if m["low"] is not None and (value < m["low"] or (m["low_open"] and value == m["low"])):
+        raise bad
+    if m["high"] is not None and value > m["high"]:
+        raise bad
+    return value
+
+
+def parse_run_config(flat: Mapping[str, Any], *, method_keys: Mapping[str, Any] = ()) -> RunConfig:
+    """Validate a flat run config and return the shared part as a :class:`RunConfig`.
+
+    ``method_keys`` are the namespaced keys that method modules declare; they are allowed here
+    and checked by their method (see ``strategies.validate_method_settings``).
+    """
+    unknown = [k for k in flat if k not in SHARED_KEYS and k not in method_keys]
+    if unknown:
+        known = list(SHARED_KEYS) + list(method_keys)
+        hints = []
+        for k in unknown:
+            close = difflib.get_close_matches(k, known, n=1)
+            hints.append(f"{k}" + (f" (did you mean {close[0]}?)" if close else ""))
+        raise ConfigError("unknown setting(s): " + ", ".join(hints)
+                          + ". Run `fedapp settings` to list every setting.")
+    values = {}
+    for key, f in SHARED_KEYS.items():
+        values[f.name] = _check_value(key, f, flat[key]) if key in flat else f.default
+    cfg = RunConfig(**values)
+    _check_cross_field(cfg)
+    return cfg
+
+
+def _check_cross_field(cfg: RunConfig) -> None:
+    """Rules that tie several settings together."""
+    try:
+        shape = cfg.shape
+        if len(shape) != 3 or min(shape) < 1:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"setting synthetic-shape = {cfg.synthetic_shape!r} is invalid: "
+                          "expected three positive integers 'C,H,W', e.g. '1,28,28'.") from None
+    if not cfg.architectures:
+        raise ConfigError(f"setting arch-mix = {cfg.arch_mix!r} is invalid: name at least one "
+                          "architecture.")
+    if cfg.min_fit_clients > cfg.num_clients:
+        raise ConfigError(f"setting min-fit-clients = {cfg.min_fit_clients} is invalid: it must "
+                          f"be <= num-clients ({cfg.num_clients}).")
+    if cfg.output_dir and not Path(cfg.output_dir).is_absolute():
+        raise ConfigError(f"setting output-dir = {cfg.output_dir!r} is invalid: it must be an "
+                          "absolute path (Flower runs the app from another directory).")
+    if cfg.run_name and (cfg.run_name != Path(cfg.run_name).name or cfg.run_name in (".", "..")):
+        raise ConfigError(f"setting run-name = {cfg.run_name!r} is invalid: use a plain folder "
+                          "name without '/'.")
+
+
+# -- reading the defaults and presets (used by the CLI, the tests and the benchmark) -----------
+
+def pyproject_defaults(root: Path = PROJECT_ROOT) -> dict[str, Any]:
+    """The flat ``[tool.flwr.app.config]`` table of ``pyproject.toml`` (nested tables dotted)."""
+    with open(root / "pyproject.toml", "rb") as fh:
+        table = tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
+    return _flatten(table)
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def resolve_preset(name_or_path: str) -> Path:
+    """``smoke`` -> ``conf/smoke.toml``; a path is taken as it is."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = CONF_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        presets = sorted(p.stem for p in CONF_DIR.glob("*.toml"))
+        raise ConfigError(f"preset {name_or_path!r} not found (looked for {path}). "
+                          f"Presets: {', '.join(presets)}.")
+    return path.resolve()
+
+
+def read_preset(path: Path) -> dict[str, Any]:
+    """A preset file's overrides, flattened to run-config keys."""
+    with open(path, "rb") as fh:
+        return _flatten(tomllib.load(fh))
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``key=value`` with a TOML value (strings quoted, as ``flwr run --run-config``)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r} is invalid: expected key=value, e.g. "
+                          'method="fedavg" or num-server-rounds=5.')
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        # Be forgiving with unquoted strings on the command line: method=fedavg.
+        value = raw.strip()
+    return key, value

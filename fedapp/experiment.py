@@ -1,0 +1,62 @@
+"""What a run config means for one experiment: its data, partition and client models.
+
+Server and clients derive everything from the run config and the partition id alone, so a
+client needs nothing from the server to know its shard and its architecture, and the server
+can check the whole federation (data present, architectures compatible) before any training.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from client_models import HeteroModel, assign_architectures, build_model
+from fedapp.config import RunConfig
+from fedapp.data import TensorData, load_dataset
+from fedapp.partitions import PartitionSpec
+from fedapp.training import derive_seed
+
+
+def dataset(cfg: RunConfig) -> TensorData:
+    """The run's dataset, loaded once per process (``load_dataset`` caches)."""
+    return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, seed=cfg.seed,
+                        synthetic_shape=cfg.shape, synthetic_classes=cfg.synthetic_classes,
+                        synthetic_train=cfg.synthetic_train, synthetic_test=cfg.synthetic_test)
+
+
+def partition_spec(cfg: RunConfig) -> PartitionSpec:
+    """The partition settings of the run config as a :class:`PartitionSpec`."""
+    return PartitionSpec(
+        scheme=cfg.partition, num_clients=cfg.num_clients, seed=cfg.seed,
+        alpha=cfg.dirichlet_alpha, min_partition_size=cfg.min_partition_size,
+        classes_per_client=cfg.classes_per_client, samples_per_client=cfg.samples_per_client,
+        two_class_with_replacement=cfg.two_class_with_replacement,
+        max_samples_per_client=cfg.max_samples_per_client, local_test=cfg.local_test,
+        test_fraction=cfg.test_fraction, val_fraction=cfg.val_fraction,
+        label_permutation=cfg.label_permutation)
+
+
+def architectures(cfg: RunConfig) -> list[str]:
+    """The architecture of every client, indexed by partition id."""
+    return assign_architectures(cfg.architectures, cfg.num_clients, cfg.arch_assignment, cfg.seed)
+
+
+def new_model(cfg: RunConfig, arch: str, input_shape: tuple[int, int, int], num_classes: int,
+              *seed_parts: int | str) -> HeteroModel:
+    """A freshly initialised model; its weights depend only on ``(seed, arch, *seed_parts)``."""
+    torch.manual_seed(derive_seed(cfg.seed, "model-init", arch, *seed_parts))
+    return build_model(arch, input_shape, num_classes,
+                       feature_dim=cfg.feature_dim or None, width=cfg.model_width)
+
+
+def check_models(cfg: RunConfig, data: TensorData) -> None:
+    """Build every architecture of the mix once, so an input too small for one of them or a
+    width a backbone cannot take is refused before training, not in every client."""
+    from client_models import ModelConfigError
+
+    from fedapp.config import ConfigError
+    for arch in sorted(set(cfg.architectures)):
+        try:
+            new_model(cfg, arch, data.input_shape, data.num_classes, "check")
+        except ModelConfigError as exc:
+            raise ConfigError(f"architecture {arch!r} cannot run on {cfg.dataset} "
+                              f"{data.input_shape}: {exc}") from None

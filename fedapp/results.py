@@ -1,0 +1,177 @@
+"""Everything a run writes: one folder per run under the absolute ``output-dir``.
+
+``config.json`` (the resolved settings), ``partition.json`` (per-client class counts),
+``rounds.jsonl`` (one line per round, appended as the run goes, so a crashed run keeps its
+history), ``summary.json`` and ``accuracy.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+PROGRESS_TAG = "[fedapp]"
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    if not values:
+        return float("nan"), float("nan")
+    arr = np.asarray(values, dtype=np.float64)
+    return float(arr.mean()), float(arr.std())
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as pretty JSON atomically (a reader never sees half a file)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+    tmp.replace(path)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj)}")
+
+
+class Recorder:
+    """Collects per-round records and writes the run folder."""
+
+    def __init__(self, run_dir: Path, *, method: str, dataset: str, num_clients: int,
+                 num_rounds: int, config: dict[str, Any], partition: dict[str, Any]) -> None:
+        self.run_dir = run_dir
+        self.meta = {"method": method, "dataset": dataset, "num_clients": num_clients,
+                     "rounds": num_rounds}
+        self.num_rounds = num_rounds
+        self.history: list[dict[str, Any]] = []
+        self.started = time.time()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "rounds.jsonl").write_text("")
+        write_json(run_dir / "config.json", config)
+        write_json(run_dir / "partition.json", partition)
+
+    def record_round(self, record: dict[str, Any]) -> str:
+        """Append one round's record; return the progress line for it."""
+        self.history.append(record)
+        with open(self.run_dir / "rounds.jsonl", "a") as fh:
+            fh.write(json.dumps(record, default=_json_default) + "\n")
+        # The first round carries the start-up (Ray actors, imports): estimate from the rest.
+        recent = [h["seconds"] for h in self.history[1:][-5:]] or [record["seconds"]]
+        eta = float(np.mean(recent)) * (self.num_rounds - record["round"])
+        acc = "n/a" if record["accuracy_mean"] is None else \
+            f"{record['accuracy_mean']:.4f} ± {record['accuracy_std']:.4f}"
+        return (f"{PROGRESS_TAG} round {record['round']}/{self.num_rounds} | accuracy {acc} | up "
+                f"{human_bytes(record['bytes_up'])} down {human_bytes(record['bytes_down'])} | "
+                f"{record['seconds']:.1f} s | ETA {eta:.0f} s")
+
+    def summary(self) -> dict[str, Any]:
+        """The run's summary (see README, 'Results')."""
+        last = self.history[-1] if self.history else {}
+        per_client = last.get("per_client", {})
+        acc_mean, acc_std = _mean_std(list(per_client.values()))
+        rounds_with_fit = [h for h in self.history if h["clients_fit"] > 0]
+
+        def per_client_per_round(key: str) -> float:
+            # Average over rounds of (that round's bytes / clients that trained in it).
+            vals = [h[key] / h["clients_fit"] for h in rounds_with_fit]
+            return float(np.mean(vals)) if vals else 0.0
+
+        accuracy = {"mean": acc_mean, "std": acc_std, "per_client": per_client,
+                    "per_architecture": last.get("per_architecture", {})}
+        if "global_accuracy_mean" in last:
+            accuracy["global_mean"] = last["global_accuracy_mean"]
+            accuracy["global_std"] = last["global_accuracy_std"]
+            accuracy["global_per_client"] = last.get("global_per_client", {})
+        communication = {
+            "bytes_up": int(sum(h["bytes_up"] for h in self.history)),
+            "bytes_down": int(sum(h["bytes_down"] for h in self.history)),
+            "per_client_per_round_up": per_client_per_round("bytes_up"),
+            "per_client_per_round_down": per_client_per_round("bytes_down"),
+            "floats_per_client_per_round_up": per_client_per_round("bytes_up") / 4,
+            "floats_per_client_per_round_down": per_client_per_round("bytes_down") / 4,
+            "framing_bytes_up": int(sum(h["framing_up"] for h in self.history)),
+            "framing_bytes_down": int(sum(h["framing_down"] for h in self.history)),
+            "framing_per_client_per_round_up": per_client_per_round("framing_up"),
+            "framing_per_client_per_round_down": per_client_per_round("framing_down"),
+            "evaluation_bytes_down": int(sum(h["eval_bytes_down"] for h in self.history)),
+            "note": "bytes_* count the arrays' data (float32 = 4 bytes, as the papers count); "
+                    "framing_* is the encoding around it (npy headers, array names); "
+                    "evaluation traffic is reported apart from training traffic.",
+        }
+        return {**self.meta, "accuracy": accuracy, "communication": communication,
+                "failures": int(sum(h["failures"] for h in self.history)),
+                "rejected": int(sum(h["rejected"] for h in self.history)),
+                "wall_seconds": time.time() - self.started, "history": self.history}
+
+    def finish(self) -> dict[str, Any]:
+        """Write ``summary.json`` and the plot; return the summary."""
+        summary = self.summary()
+        write_json(self.run_dir / "summary.json", summary)
+        plot_runs([summary], self.run_dir / "accuracy.png", [summary["method"]])
+        return summary
+
+
+def plot_runs(summaries: Sequence[dict[str, Any]], path: Path, labels: Sequence[str]) -> None:
+    """Mean accuracy ± std and cumulative bytes per round of one or more runs, in one PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_acc, ax_bytes) = plt.subplots(1, 2, figsize=(11, 4))
+    for summary, label in zip(summaries, labels):
+        hist = summary["history"]
+        rounds = [h["round"] for h in hist]
+        mean = np.array([h["accuracy_mean"] for h in hist])
+        std = np.array([h["accuracy_std"] for h in hist])
+        line, = ax_acc.plot(rounds, mean, marker="o", ms=3, label=label)
+        ax_acc.fill_between(rounds, mean - std, mean + std, alpha=0.15, color=line.get_color())
+        total = np.cumsum([h["bytes_up"] + h["bytes_down"] for h in hist])
+        ax_bytes.plot(rounds, total / 2**20, marker="o", ms=3, label=label,
+                      color=line.get_color())
+    ax_acc.set(xlabel="round", ylabel="local test accuracy (mean ± std over clients)")
+    ax_bytes.set(xlabel="round", ylabel="cumulative MiB (up + down)")
+    for ax in (ax_acc, ax_bytes):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def round_record(server_round: int, evals: Sequence[dict[str, Any]], traffic: dict[str, int],
+                 counts: dict[str, int], seconds: float) -> dict[str, Any]:
+    """One ``rounds.jsonl`` line from the clients' evaluation metrics and the round's traffic."""
+    per_client = {str(e["partition-id"]): float(e["accuracy"]) for e in evals}
+    by_arch: dict[str, list[float]] = {}
+    for e in evals:
+        by_arch.setdefault(str(e["arch"]), []).append(float(e["accuracy"]))
+    mean, std = _mean_std(list(per_client.values()))
+    record: dict[str, Any] = {
+        "round": server_round, "accuracy_mean": mean, "accuracy_std": std,
+        "per_client": dict(sorted(per_client.items(), key=lambda kv: int(kv[0]))),
+        "per_architecture": {a: float(np.mean(v)) for a, v in sorted(by_arch.items())},
+        **traffic, **counts, "seconds": seconds}
+    globals_ = {str(e["partition-id"]): float(e["global-accuracy"])
+                for e in evals if "global-accuracy" in e}
+    if globals_:
+        g_mean, g_std = _mean_std(list(globals_.values()))
+        record.update(global_accuracy_mean=g_mean, global_accuracy_std=g_std,
+                      global_per_client=globals_)
+    if math.isnan(mean):
+        record["accuracy_mean"] = record["accuracy_std"] = None
+    return record

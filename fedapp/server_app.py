@@ -1,0 +1,44 @@
+"""The Flower ServerApp: validate the run config, prepare the results folder, build the method's
+Strategy. Everything after that is the Strategy's (``fedapp.strategy_base``)."""
+
+from __future__ import annotations
+
+import time
+from logging import INFO
+
+from flwr.app import Context
+from flwr.common.logger import log
+from flwr.server import ServerAppComponents, ServerConfig
+from flwr.serverapp import ServerApp
+
+from fedapp import experiment
+from fedapp.partitions import get_partition
+from fedapp.results import Recorder
+from strategies import METHODS, load_config
+
+
+def default_run_name(method: str, dataset: str) -> str:
+    """``lg-fedavg-fmnist-20261122-141501``."""
+    return f"{method}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def server_fn(context: Context) -> ServerAppComponents:
+    cfg = load_config(context.run_config)
+    data = experiment.dataset(cfg)  # fails here, before any training, if the data is missing
+    experiment.check_models(cfg, data)
+    partition = get_partition(data, experiment.partition_spec(cfg))
+    run_dir = cfg.results_root() / (cfg.run_name or default_run_name(cfg.method, cfg.dataset))
+    summary = partition.summary(data.train_y.numpy(), data.test_y.numpy(), data.num_classes)
+    summary["architectures"] = experiment.architectures(cfg)
+    recorder = Recorder(run_dir, method=cfg.method, dataset=cfg.dataset,
+                        num_clients=cfg.num_clients, num_rounds=cfg.num_server_rounds,
+                        config=dict(context.run_config), partition=summary)
+    log(INFO, "[fedapp] %s on %s: %d clients, %d rounds; results in %s", cfg.method,
+        cfg.dataset, cfg.num_clients, cfg.num_server_rounds, run_dir)
+    strategy = METHODS[cfg.method].strategy(cfg, recorder, input_shape=data.input_shape,
+                                            num_classes=data.num_classes)
+    return ServerAppComponents(strategy=strategy,
+                               config=ServerConfig(num_rounds=cfg.num_server_rounds))
+
+
+app = ServerApp(server_fn=server_fn)

@@ -1,0 +1,230 @@
+"""The Strategy base every method's server side builds on.
+
+It holds the plumbing that is the same for every method, so that a method module holds only its
+maths: deterministic client sampling, one ``FitIns`` per client (methods may send different
+payloads to different clients), decoding and validating uploads (a malformed or hostile payload
+is rejected with a logged reason and the round goes on), tolerance of failed clients, byte
+accounting of what really crosses the wire, evaluation of every client every round, and the
+results folder.
+
+A method overrides :meth:`FedStrategy.fit_payload`, :meth:`FedStrategy.upload_spec` (and
+optionally :meth:`FedStrategy.check_upload`), :meth:`FedStrategy.aggregate` and, if it sends
+something for evaluation, :meth:`FedStrategy.eval_payload`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from typing import Any, Mapping
+
+import numpy as np
+from flwr.common import (EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar)
+from flwr.common.logger import log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+
+from client_models import HeteroModel
+from fedapp import experiment
+from fedapp.config import RunConfig
+from fedapp.payload import (ArraySpec, Payload, PayloadError, WireSize, decode, encode,
+                            float32, validate, wire_size)
+from fedapp.results import Recorder, round_record
+from fedapp.training import derive_seed
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """Who a client is, as it reported itself (Flower node ids are not partition ids)."""
+
+    partition_id: int
+    arch: str
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One client's validated contribution to a round."""
+
+    client: ClientInfo
+    num_examples: int
+    payload: Payload
+    metrics: Mapping[str, Scalar]
+
+
+class RoundFailed(RuntimeError):
+    """No client returned a usable update: the run cannot meaningfully go on."""
+
+
+class FedStrategy(Strategy):
+    """Shared server side. Subclasses implement one method's maths."""
+
+    def __init__(self, cfg: RunConfig, recorder: Recorder | None, *,
+                 input_shape: tuple[int, int, int], num_classes: int) -> None:
+        self.cfg = cfg
+        self.recorder = recorder
+        self.architectures = experiment.architectures(cfg)  # by partition id, as clients do
+        self.input_shape = input_shape
+        self.num_classes = num_classes
+        self.clients: dict[str, ClientInfo] = {}  # Flower cid -> identity, learnt from replies
+        self._down: dict[str, WireSize] = {}
+        self._up: dict[str, WireSize] = {}
+        self._eval_down = 0
+        self._round_started = 0.0
+        self._counts = {"clients_fit": 0, "failures": 0, "rejected": 0}
+
+    # -- what a method changes ---------------------------------------------------------------
+    def fit_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
+        """What to send a client for training (``None``: not yet known who it is)."""
+        return {}
+
+    def upload_spec(self, client: ClientInfo) -> dict[str, ArraySpec]:
+        """The arrays a client must upload (names, shapes, kinds, label ranges)."""
+        return {}
+
+    def check_upload(self, payload: Payload, client: ClientInfo) -> None:
+        """Method-specific checks beyond :meth:`upload_spec`; raise PayloadError to reject."""
+
+    def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
+        """The method's server maths on the round's validated uploads."""
+
+    def eval_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
+        """What to send a client before evaluation (default: nothing)."""
+        return {}
+
+    # -- helpers for methods -------------------------------------------------------------------
+    def new_model(self, arch: str) -> HeteroModel:
+        """A model of ``arch`` initialised from the seed (for server-side initial weights)."""
+        return experiment.new_model(self.cfg, arch, self.input_shape, self.num_classes, "server")
+
+    def label_spec(self, count: int | None = None) -> ArraySpec:
+        """Spec of a vector of class labels in ``[0, C)``."""
+        return ArraySpec(shape=(count,), kind="int", low=0, high=self.num_classes - 1)
+
+    # -- Flower Strategy interface ---------------------------------------------------------------
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        # Empty rather than None: None would make Flower ask one client for its weights.
+        return Parameters(tensors=[], tensor_type="")
+
+    def _wait_and_list(self, client_manager: ClientManager) -> list[ClientProxy]:
+        want = self.cfg.num_clients
+        if not client_manager.wait_for(want, timeout=self.cfg.wait_for_clients_seconds):
+            raise RoundFailed(
+                f"only {client_manager.num_available()} of num-clients={want} clients connected "
+                f"within {self.cfg.wait_for_clients_seconds} s. In simulation set "
+                f"num-supernodes={want}; in deployment start {want} SuperNodes.")
+        return [proxy for _, proxy in sorted(client_manager.all().items())]
+
+    def configure_fit(self, server_round: int, parameters: Parameters,
+                      client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        self._round_started = time.time()
+        self._down, self._up, self._eval_down = {}, {}, 0
+        self._counts = {"clients_fit": 0, "failures": 0, "rejected": 0}
+        available = self._wait_and_list(client_manager)
+        n = max(self.cfg.min_fit_clients, math.ceil(self.cfg.fraction_fit * len(available)))
+        n = min(n, len(available))
+        # Sampling from (seed, round), not Flower's global RNG, so a seed fixes the schedule.
+        rng = np.random.default_rng(derive_seed(self.cfg.seed, "sample", server_round))
+        chosen = [available[i] for i in sorted(rng.choice(len(available), n, replace=False))]
+        instructions = []
+        for proxy in chosen:
+            params = encode(float32(self.fit_payload(server_round, self.clients.get(proxy.cid))))
+            self._down[proxy.cid] = wire_size(params)
+            instructions.append((proxy, FitIns(params, {"server-round": server_round})))
+        return instructions
+
+    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
+                      failures: list[tuple[ClientProxy, FitRes] | BaseException]
+                      ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        uploads: list[Upload] = []
+        for proxy, res in results:
+            self._up[proxy.cid] = wire_size(res.parameters)
+            try:
+                client = self._identify(proxy, res.metrics)
+                payload = decode(res.parameters)
+                validate(payload, self.upload_spec(client))
+                self.check_upload(payload, client)
+                if not isinstance(res.num_examples, int) or res.num_examples < 1:
+                    raise PayloadError(f"num_examples={res.num_examples!r} is not positive")
+            except PayloadError as exc:
+                self._counts["rejected"] += 1
+                log(WARNING, "round %s: rejected the upload of client %s: %s", server_round,
+                    proxy.cid, exc)
+                continue
+            uploads.append(Upload(client, res.num_examples, payload, res.metrics))
+        for failure in failures:
+            self._counts["failures"] += 1
+            reason = failure if isinstance(failure, BaseException) else failure[1].status.message
+            log(WARNING, "round %s: a client failed during training: %r", server_round, reason)
+        self._counts["clients_fit"] = len(uploads)
+        if not uploads:
+            raise RoundFailed(
+                f"round {server_round}: no client returned a usable update "
+                f"({self._counts['failures']} failed, {self._counts['rejected']} rejected); "
+                "see the warnings above.")
+        self.aggregate(server_round, uploads)
+        return None, {}
+
+    def _identify(self, proxy: ClientProxy, metrics: Mapping[str, Scalar]) -> ClientInfo:
+        pid, arch = metrics.get("partition-id"), metrics.get("arch")
+        if not isinstance(pid, int) or isinstance(pid, bool) \
+                or not 0 <= pid < len(self.architectures):
+            raise PayloadError(f"partition-id {pid!r} is not a known partition")
+        if arch != self.architectures[pid]:
+            raise PayloadError(f"partition {pid} reports architecture {arch!r}, the run config "
+                               f"gives it {self.architectures[pid]!r}")
+        info = ClientInfo(pid, arch)
+        self.clients[proxy.cid] = info
+        return info
+
+    def configure_evaluate(self, server_round: int, parameters: Parameters,
+                           client_manager: ClientManager
+                           ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        # Every client is evaluated every round (not only the ones that trained), as
+        # FedClassAvg and FedGH's code report the mean over all clients.
+        instructions = []
+        for proxy in self._wait_and_list(client_manager):
+            params = encode(float32(self.eval_payload(server_round, self.clients.get(proxy.cid))))
+            self._eval_down += wire_size(params).total
+            instructions.append((proxy, EvaluateIns(params, {"server-round": server_round})))
+        return instructions
+
+    def aggregate_evaluate(self, server_round: int,
+                           results: list[tuple[ClientProxy, EvaluateRes]],
+                           failures: list[tuple[ClientProxy, EvaluateRes] | BaseException]
+                           ) -> tuple[float | None, dict[str, Scalar]]:
+        evals = []
+        for proxy, res in results:
+            try:
+                client = self._identify(proxy, res.metrics)
+                acc = res.metrics.get("accuracy")
+                if not isinstance(acc, float) or not 0.0 <= acc <= 1.0:
+                    raise PayloadError(f"accuracy {acc!r} is not a number in [0, 1]")
+            except PayloadError as exc:
+                log(WARNING, "round %s: ignored the evaluation of client %s: %s", server_round,
+                    proxy.cid, exc)
+                continue
+            evals.append({**res.metrics, "partition-id": client.partition_id})
+        for failure in failures:
+            log(WARNING, "round %s: a client failed during evaluation: %r", server_round,
+                failure if isinstance(failure, BaseException) else failure[1].status.message)
+        up = sum(self._up.values(), WireSize())
+        down = sum(self._down.values(), WireSize())
+        traffic = {"bytes_up": up.data, "bytes_down": down.data, "framing_up": up.framing,
+                   "framing_down": down.framing, "eval_bytes_down": self._eval_down}
+        record = round_record(server_round, evals, traffic, dict(self._counts),
+                              time.time() - self._round_started)
+        if self.recorder is not None:
+            log(INFO, self.recorder.record_round(record))
+            if server_round == self.recorder.num_rounds:
+                summary = self.recorder.finish()
+                log(INFO, "%s done: accuracy %.4f ± %.4f over %d clients; results in %s",
+                    "[fedapp]", summary["accuracy"]["mean"], summary["accuracy"]["std"],
+                    len(evals), self.recorder.run_dir)
+        return None, {}
+
+    def evaluate(self, server_round: int, parameters: Parameters
+                 ) -> tuple[float, dict[str, Scalar]] | None:
+        return None  # no server-side test set: every method is evaluated on its clients

@@ -1,0 +1,76 @@
+"""The client runtime in-process with real Flower Contexts: state, caching, determinism."""
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Context, RecordDict
+
+import fedapp.client_base as client_base
+from fedapp.config import ConfigError
+from fedapp.payload import from_ndarrays, to_ndarrays
+from strategies import METHODS
+from tests.conftest import cfg_of
+
+SMOKE = dict(dataset="synthetic", synthetic_train=300, synthetic_test=100, num_clients=3,
+             partition="iid", max_samples_per_client=0, arch_mix="cnn5,cnn4,cnn3")
+
+
+def context(pid, n=3):
+    return Context(run_id=7, node_id=pid, node_config={"partition-id": pid, "num-partitions": n},
+                   state=RecordDict(), run_config={})
+
+
+def client(method, ctx, **overrides):
+    cfg = cfg_of(method=method, **{**SMOKE, **overrides})
+    return METHODS[method].client(ctx, cfg)
+
+
+def test_private_model_survives_the_client_object_and_the_process_cache():
+    ctx = context(1)
+    arrays, n, metrics = client("lg-fedavg", ctx).fit([], {"server-round": 1})
+    assert n == 100 and metrics["partition-id"] == 1 and metrics["arch"] == "cnn4"
+    trained = {k: v.clone() for k, v in client("lg-fedavg", ctx).model.state_dict().items()}
+    client_base._MODEL_CACHE.clear()  # as if the next message ran in another process
+    restored = client("lg-fedavg", ctx).model.state_dict()
+    for k in trained:
+        torch.testing.assert_close(restored[k], trained[k])
+    assert set(from_ndarrays(arrays)) == {"head.weight", "head.bias"}
+
+
+def test_same_seed_same_result_whatever_the_order():
+    def run(order):
+        client_base._MODEL_CACHE.clear()
+        ctxs = {pid: context(pid) for pid in range(3)}
+        out = {}
+        for rnd in (1, 2):
+            for pid in order:
+                arrays, _, _ = client("lg-fedavg", ctxs[pid]).fit([], {"server-round": rnd})
+                out[(pid, rnd)] = from_ndarrays(arrays)["head.weight"]
+        return out
+    a, b = run([0, 1, 2]), run([2, 0, 1])
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_what_is_sent_for_evaluation_does_not_leak_into_training():
+    ctx = context(0)
+    c = client("fedavg", ctx, arch_mix="cnn5")
+    c.fit([], {"server-round": 1})
+    saved = {k: v.clone() for k, v in client("fedavg", ctx, arch_mix="cnn5").model.state_dict().items()}
+    zeros = {k: np.zeros(v.shape, np.float32) for k, v in saved.items() if v.is_floating_point()}
+    loss, n, metrics = client("fedavg", ctx, arch_mix="cnn5").evaluate(to_ndarrays(zeros), {})
+    assert 0.0 <= metrics["accuracy"] <= 1.0
+    after = client("fedavg", ctx, arch_mix="cnn5").model.state_dict()
+    for k in saved:
+        torch.testing.assert_close(after[k], saved[k])
+
+
+def test_evaluation_reports_global_accuracy_when_asked():
+    _, n, metrics = client("standalone", context(2), eval_global_test=True,
+                           global_test_samples=50).evaluate([], {})
+    assert n > 0 and 0 <= metrics["global-accuracy"] <= 1 and "global-loss" in metrics
+
+
+def test_a_node_outside_the_federation_is_refused_clearly():
+    with pytest.raises(ConfigError, match="num-supernodes=3"):
+        client("standalone", context(0, n=5))

@@ -1,0 +1,82 @@
+"""Run settings: defaults agree everywhere, bad values are refused with a useful message."""
+
+import dataclasses
+
+import pytest
+
+from fedapp.config import (CONF_DIR, SHARED_KEYS, ConfigError, RunConfig, parse_override,
+                           parse_run_config, pyproject_defaults, read_preset)
+from strategies import METHODS, load_config
+
+
+def test_pyproject_lists_every_setting_with_the_code_default():
+    defaults = pyproject_defaults()
+    assert set(SHARED_KEYS) <= set(defaults)
+    for key, f in SHARED_KEYS.items():
+        assert defaults[key] == f.default, key
+
+
+def test_every_preset_is_valid():
+    presets = sorted(CONF_DIR.glob("*.toml"))
+    assert presets
+    for path in presets:
+        load_config({**pyproject_defaults(), **read_preset(path)})
+
+
+def test_bad_method_lists_the_valid_ones():
+    with pytest.raises(ConfigError) as err:
+        load_config({**pyproject_defaults(), "method": "nope"})
+    assert "'nope'" in str(err.value)
+    for name in METHODS:
+        assert name in str(err.value)
+
+
+@pytest.mark.parametrize("key,value,words", [
+    ("num-server-rounds", 0, ["num-server-rounds", "0", ">= 1"]),
+    ("fraction-fit", 0.0, ["fraction-fit", "> 0.0"]),
+    ("partition", "random", ["partition", "'dirichlet'", "'two-class'"]),
+    ("lr", "fast", ["lr", "a number"]),
+    ("eval-global-test", 1, ["eval-global-test", "true or false"]),
+    ("output-dir", "relative/path", ["output-dir", "absolute"]),
+    ("synthetic-shape", "28,28", ["synthetic-shape", "C,H,W"]),
+])
+def test_bad_values_name_key_value_and_what_is_allowed(key, value, words):
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({key: value})
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_unknown_key_suggests_the_close_one():
+    with pytest.raises(ConfigError, match="did you mean num-server-rounds"):
+        parse_run_config({"num-server-round": 3})
+
+
+def test_fedavg_refuses_a_heterogeneous_mix_and_accepts_a_homogeneous_one():
+    with pytest.raises(ConfigError, match="same architecture"):
+        load_config({"method": "fedavg", "arch-mix": "cnn1,cnn2"})
+    assert load_config({"method": "fedavg", "arch-mix": "cnn2"}).method == "fedavg"
+
+
+def test_shared_head_needs_a_shared_dimension():
+    with pytest.raises(ConfigError, match="feature-dim"):
+        load_config({"method": "lg-fedavg", "feature-dim": 0, "arch-mix": "cnn1,fedhe-cnn0"})
+
+
+def test_unknown_architecture_is_refused_before_training():
+    with pytest.raises(ConfigError, match="arch-mix"):
+        load_config({"arch-mix": "cnn1,vgg99"})
+
+
+def test_override_parsing():
+    assert parse_override('method="fedavg"') == ("method", "fedavg")
+    assert parse_override("method=fedavg") == ("method", "fedavg")
+    assert parse_override("num-server-rounds=5") == ("num-server-rounds", 5)
+    assert parse_override("lr=0.1") == ("lr", 0.1)
+    with pytest.raises(ConfigError):
+        parse_override("no-equals-sign")
+
+
+def test_config_is_hashable_for_per_process_caches():
+    cfg = RunConfig()
+    assert hash(cfg) == hash(dataclasses.replace(cfg))
