@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from fedapp.config import (PROJECT_ROOT, SHARED_KEYS, ConfigError, parse_override,
                            pyproject_defaults, read_preset, resolve_preset)
-from fedapp.results import PROGRESS_TAG, human_bytes, plot_runs
+from fedapp.results import PROGRESS_TAG, format_accuracy, human_bytes, plot_runs
 
 BIN = Path(sys.executable).parent
 SUPERLINK_START_TIMEOUT = 60.0
@@ -192,8 +192,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if status == "finished:completed" and summary_path.exists():
         summary = json.loads(summary_path.read_text())
         acc, com = summary["accuracy"], summary["communication"]
-        print(f"fedapp: done. accuracy {acc['mean']:.4f} ± {acc['std']:.4f} (per-client local "
-              f"test, {summary['num_clients']} clients); per client per round up "
+        print(f"fedapp: done. accuracy {format_accuracy(acc['mean'], acc['std'])} (per-client "
+              f"local test, {summary['num_clients']} clients); per client per round up "
               f"{human_bytes(com['per_client_per_round_up'])}, down "
               f"{human_bytes(com['per_client_per_round_down'])}; "
               f"{summary['wall_seconds']:.0f} s")
@@ -213,7 +213,7 @@ def compare_table(summaries: Sequence[dict], labels: Sequence[str]) -> str:
         acc, com = s["accuracy"], s["communication"]
         glob = f"{acc['global_mean']:.4f}" if acc.get("global_mean") is not None else "-"
         rows.append(f"| {label} | {s['method']} | {s['dataset']} | {s['num_clients']} | "
-                    f"{s['rounds']} | {acc['mean']:.4f} ± {acc['std']:.4f} | {glob} | "
+                    f"{s['rounds']} | {format_accuracy(acc['mean'], acc['std'])} | {glob} | "
                     f"{human_bytes(com['per_client_per_round_up'])} | "
                     f"{human_bytes(com['per_client_per_round_down'])} | "
                     f"{s['wall_seconds']:.0f} |")

@@ -106,7 +106,7 @@ class FedClient(NumPyClient):
         state = self.context.state
         version = int(state[VERSION_KEY]["version"]) if VERSION_KEY in state else 0
         cached_version, model = _MODEL_CACHE.pop(key, (None, None))
-        if model is None:
+        if model is None or (cached_version != version and MODEL_STATE_KEY not in state):
             data = experiment.dataset(self.cfg)
             model = experiment.new_model(self.cfg, self.arch, data.input_shape, data.num_classes,
                                          self.partition_id).to(self.device)
@@ -172,6 +172,7 @@ class FedClient(NumPyClient):
         return to_ndarrays(upload), len(self.data.train_y), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        start = time.perf_counter()
         self.receive_for_evaluation(from_ndarrays(parameters))
         loss, accuracy = evaluate(self.model, self.data.test_x, self.data.test_y)
         metrics: dict[str, Any] = {**self.identity(), "accuracy": accuracy}
@@ -183,6 +184,7 @@ class FedClient(NumPyClient):
             # (What a server sends for evaluation is never kept: training goes on from the
             # private model saved after fit.)
             self._cache_model(self._version)
+        metrics["eval-seconds"] = time.perf_counter() - start
         return loss, len(self.data.test_y), metrics
 
     def save_state(self) -> None:

@@ -34,6 +34,11 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def format_accuracy(mean: float | None, std: float | None) -> str:
+    """'0.7475 ± 0.0738', or 'n/a' when no client was evaluated."""
+    return "n/a" if mean is None else f"{mean:.4f} ± {std:.4f}"
+
+
 def write_json(path: Path, obj: Any) -> None:
     """Write ``obj`` as pretty JSON atomically (a reader never sees half a file)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -73,9 +78,8 @@ class Recorder:
         # The first round carries the start-up (Ray actors, imports): estimate from the rest.
         recent = [h["seconds"] for h in self.history[1:][-5:]] or [record["seconds"]]
         eta = float(np.mean(recent)) * (self.num_rounds - record["round"])
-        acc = "n/a" if record["accuracy_mean"] is None else \
-            f"{record['accuracy_mean']:.4f} ± {record['accuracy_std']:.4f}"
-        return (f"{PROGRESS_TAG} round {record['round']}/{self.num_rounds} | accuracy {acc} | up "
+        return (f"{PROGRESS_TAG} round {record['round']}/{self.num_rounds} | accuracy "
+                f"{format_accuracy(record['accuracy_mean'], record['accuracy_std'])} | up "
                 f"{human_bytes(record['bytes_up'])} down {human_bytes(record['bytes_down'])} | "
                 f"{record['seconds']:.1f} s | ETA {eta:.0f} s")
 
@@ -83,7 +87,8 @@ class Recorder:
         """The run's summary (see README, 'Results')."""
         last = self.history[-1] if self.history else {}
         per_client = last.get("per_client", {})
-        acc_mean, acc_std = _mean_std(list(per_client.values()))
+        # None (JSON null), not NaN, when no client could be evaluated in the last round.
+        acc_mean, acc_std = _mean_std(list(per_client.values())) if per_client else (None, None)
         rounds_with_fit = [h for h in self.history if h["clients_fit"] > 0]
 
         def per_client_per_round(key: str) -> float:
@@ -136,8 +141,8 @@ def plot_runs(summaries: Sequence[dict[str, Any]], path: Path, labels: Sequence[
     for summary, label in zip(summaries, labels):
         hist = summary["history"]
         rounds = [h["round"] for h in hist]
-        mean = np.array([h["accuracy_mean"] for h in hist])
-        std = np.array([h["accuracy_std"] for h in hist])
+        mean = np.array([h["accuracy_mean"] for h in hist], dtype=float)  # None -> nan
+        std = np.array([h["accuracy_std"] for h in hist], dtype=float)
         line, = ax_acc.plot(rounds, mean, marker="o", ms=3, label=label)
         ax_acc.fill_between(rounds, mean - std, mean + std, alpha=0.15, color=line.get_color())
         total = np.cumsum([h["bytes_up"] + h["bytes_down"] for h in hist])
@@ -154,7 +159,8 @@ def plot_runs(summaries: Sequence[dict[str, Any]], path: Path, labels: Sequence[
 
 
 def round_record(server_round: int, evals: Sequence[dict[str, Any]], traffic: dict[str, int],
-                 counts: dict[str, int], seconds: float) -> dict[str, Any]:
+                 counts: dict[str, int], seconds: float, client_seconds: float = 0.0
+                 ) -> dict[str, Any]:
     """One ``rounds.jsonl`` line from the clients' evaluation metrics and the round's traffic."""
     per_client = {str(e["partition-id"]): float(e["accuracy"]) for e in evals}
     by_arch: dict[str, list[float]] = {}
@@ -165,7 +171,7 @@ def round_record(server_round: int, evals: Sequence[dict[str, Any]], traffic: di
         "round": server_round, "accuracy_mean": mean, "accuracy_std": std,
         "per_client": dict(sorted(per_client.items(), key=lambda kv: int(kv[0]))),
         "per_architecture": {a: float(np.mean(v)) for a, v in sorted(by_arch.items())},
-        **traffic, **counts, "seconds": seconds}
+        **traffic, **counts, "seconds": seconds, "client_seconds": client_seconds}
     globals_ = {str(e["partition-id"]): float(e["global-accuracy"])
                 for e in evals if "global-accuracy" in e}
     if globals_:

@@ -30,6 +30,8 @@ def server_fn(context: Context) -> ServerAppComponents:
     run_dir = cfg.results_root() / (cfg.run_name or default_run_name(cfg.method, cfg.dataset))
     summary = partition.summary(data.train_y.numpy(), data.test_y.numpy(), data.num_classes)
     summary["architectures"] = experiment.architectures(cfg)
+    for client, arch in zip(summary["clients"], summary["architectures"]):
+        client["arch"] = arch
     recorder = Recorder(run_dir, method=cfg.method, dataset=cfg.dataset,
                         num_clients=cfg.num_clients, num_rounds=cfg.num_server_rounds,
                         config=dict(context.run_config), partition=summary)

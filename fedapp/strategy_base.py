@@ -32,7 +32,7 @@ from fedapp import experiment
 from fedapp.config import RunConfig
 from fedapp.payload import (ArraySpec, Payload, PayloadError, WireSize, decode, encode,
                             float32, validate, wire_size)
-from fedapp.results import Recorder, round_record
+from fedapp.results import Recorder, format_accuracy, round_record
 from fedapp.training import derive_seed
 
 
@@ -52,6 +52,11 @@ class Upload:
     num_examples: int
     payload: Payload
     metrics: Mapping[str, Scalar]
+
+
+def _seconds(metrics: Mapping[str, Any], key: str) -> float:
+    value = metrics.get(key, 0.0)
+    return float(value) if isinstance(value, (int, float)) and value >= 0 else 0.0
 
 
 class RoundFailed(RuntimeError):
@@ -74,6 +79,7 @@ class FedStrategy(Strategy):
         self._eval_down = 0
         self._round_started = 0.0
         self._counts = {"clients_fit": 0, "failures": 0, "rejected": 0}
+        self._client_seconds = 0.0
 
     # -- what a method changes ---------------------------------------------------------------
     def fit_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
@@ -122,6 +128,7 @@ class FedStrategy(Strategy):
         self._round_started = time.time()
         self._down, self._up, self._eval_down = {}, {}, 0
         self._counts = {"clients_fit": 0, "failures": 0, "rejected": 0}
+        self._client_seconds = 0.0
         available = self._wait_and_list(client_manager)
         n = max(self.cfg.min_fit_clients, math.ceil(self.cfg.fraction_fit * len(available)))
         n = min(n, len(available))
@@ -159,6 +166,8 @@ class FedStrategy(Strategy):
             reason = failure if isinstance(failure, BaseException) else failure[1].status.message
             log(WARNING, "round %s: a client failed during training: %r", server_round, reason)
         self._counts["clients_fit"] = len(uploads)
+        # Time the clients spent computing, to tell it apart from the framework's share.
+        self._client_seconds = sum(_seconds(u.metrics, "train-seconds") for u in uploads)
         if not uploads:
             raise RoundFailed(
                 f"round {server_round}: no client returned a usable update "
@@ -214,15 +223,16 @@ class FedStrategy(Strategy):
         down = sum(self._down.values(), WireSize())
         traffic = {"bytes_up": up.data, "bytes_down": down.data, "framing_up": up.framing,
                    "framing_down": down.framing, "eval_bytes_down": self._eval_down}
+        client_seconds = self._client_seconds + sum(_seconds(e, "eval-seconds") for e in evals)
         record = round_record(server_round, evals, traffic, dict(self._counts),
-                              time.time() - self._round_started)
+                              time.time() - self._round_started, client_seconds)
         if self.recorder is not None:
             log(INFO, self.recorder.record_round(record))
             if server_round == self.recorder.num_rounds:
                 summary = self.recorder.finish()
-                log(INFO, "%s done: accuracy %.4f ± %.4f over %d clients; results in %s",
-                    "[fedapp]", summary["accuracy"]["mean"], summary["accuracy"]["std"],
-                    len(evals), self.recorder.run_dir)
+                acc = summary["accuracy"]
+                log(INFO, "[fedapp] done: accuracy %s over %d clients; results in %s",
+                    format_accuracy(acc["mean"], acc["std"]), len(evals), self.recorder.run_dir)
         return None, {}
 
     def evaluate(self, server_round: int, parameters: Parameters
