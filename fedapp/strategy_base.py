@@ -59,6 +59,21 @@ def _seconds(metrics: Mapping[str, Any], key: str) -> float:
     return float(value) if isinstance(value, (int, float)) and value >= 0 else 0.0
 
 
+class _Encoder:
+    """Encodes payloads for one round's messages, once per distinct payload object: a method
+    that sends everyone the same global model returns the same dict, encoded only once."""
+
+    def __init__(self) -> None:
+        self._done: dict[int, tuple[Payload, Parameters, WireSize]] = {}
+
+    def __call__(self, payload: Payload) -> tuple[Parameters, WireSize]:
+        hit = self._done.get(id(payload))
+        if hit is None or hit[0] is not payload:
+            params = encode(float32(payload))
+            hit = self._done[id(payload)] = (payload, params, wire_size(params))
+        return hit[1], hit[2]
+
+
 class RoundFailed(RuntimeError):
     """No client returned a usable update: the run cannot meaningfully go on."""
 
@@ -135,10 +150,11 @@ class FedStrategy(Strategy):
         # Sampling from (seed, round), not Flower's global RNG, so a seed fixes the schedule.
         rng = np.random.default_rng(derive_seed(self.cfg.seed, "sample", server_round))
         chosen = [available[i] for i in sorted(rng.choice(len(available), n, replace=False))]
+        encoded = _Encoder()
         instructions = []
         for proxy in chosen:
-            params = encode(float32(self.fit_payload(server_round, self.clients.get(proxy.cid))))
-            self._down[proxy.cid] = wire_size(params)
+            params, size = encoded(self.fit_payload(server_round, self.clients.get(proxy.cid)))
+            self._down[proxy.cid] = size
             instructions.append((proxy, FitIns(params, {"server-round": server_round})))
         return instructions
 
@@ -146,10 +162,15 @@ class FedStrategy(Strategy):
                       failures: list[tuple[ClientProxy, FitRes] | BaseException]
                       ) -> tuple[Parameters | None, dict[str, Scalar]]:
         uploads: list[Upload] = []
+        seen: set[int] = set()
         for proxy, res in results:
             self._up[proxy.cid] = wire_size(res.parameters)
             try:
                 client = self._identify(proxy, res.metrics)
+                if client.partition_id in seen:
+                    raise PayloadError(f"partition {client.partition_id} already uploaded in "
+                                       "this round")
+                seen.add(client.partition_id)
                 payload = decode(res.parameters)
                 validate(payload, self.upload_spec(client))
                 self.check_upload(payload, client)
@@ -193,10 +214,11 @@ class FedStrategy(Strategy):
                            ) -> list[tuple[ClientProxy, EvaluateIns]]:
         # Every client is evaluated every round (not only the ones that trained), as
         # FedClassAvg and FedGH's code report the mean over all clients.
+        encoded = _Encoder()
         instructions = []
         for proxy in self._wait_and_list(client_manager):
-            params = encode(float32(self.eval_payload(server_round, self.clients.get(proxy.cid))))
-            self._eval_down += wire_size(params).total
+            params, size = encoded(self.eval_payload(server_round, self.clients.get(proxy.cid)))
+            self._eval_down += size.total
             instructions.append((proxy, EvaluateIns(params, {"server-round": server_round})))
         return instructions
 

@@ -122,3 +122,14 @@ def test_sampling_is_deterministic_and_respects_fraction():
     assert picks[0] == picks[1]
     assert all(len(round_) == 3 for round_ in picks[0])
     assert len({tuple(r) for r in picks[0]}) > 1  # rounds differ
+
+
+def test_a_partition_uploading_twice_in_a_round_counts_once(rng):
+    strategy = make_strategy("lg-fedavg", num_clients=2, arch_mix="cnn1")
+    manager, proxies = client_manager(2)
+    strategy.configure_fit(1, None, manager)
+    a, b = _heads(rng, 2)
+    strategy.aggregate_fit(1, [(proxies[0], fit_res(a, 10, 0, "cnn1")),
+                               (proxies[1], fit_res(b, 10, 0, "cnn1"))], [])
+    np.testing.assert_array_equal(strategy.global_head["head.weight"], a["head.weight"])
+    assert strategy._counts["rejected"] == 1
