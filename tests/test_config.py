@@ -80,3 +80,11 @@ def test_override_parsing():
 def test_config_is_hashable_for_per_process_caches():
     cfg = RunConfig()
     assert hash(cfg) == hash(dataclasses.replace(cfg))
+
+
+def test_config_choices_match_what_the_data_layer_offers():
+    from fedapp.data import DATASETS
+    from fedapp.partitions import LOCAL_TEST_MODES, SCHEMES
+    assert SHARED_KEYS["dataset"].metadata["choices"] == DATASETS
+    assert SHARED_KEYS["partition"].metadata["choices"] == SCHEMES
+    assert set(SHARED_KEYS["local-test"].metadata["choices"]) == set(LOCAL_TEST_MODES)
