@@ -144,9 +144,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         changed["run-name"] = flat["run-name"]
         cfg = load_config(flat)
         from fedapp import experiment
-        # A missing dataset or an architecture that cannot take its input is reported now,
-        # not minutes later from inside the simulation.
-        experiment.check_models(cfg, experiment.dataset(cfg))
+        # A missing dataset, an impossible partition or an architecture that cannot take its
+        # input is reported now, not a minute later from inside the simulation.
+        experiment.prepare(cfg)
     except (ConfigError, OSError, RuntimeError, ValueError) as exc:
         print(f"fedapp: {exc}", file=sys.stderr)
         return 2

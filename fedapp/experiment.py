@@ -12,7 +12,7 @@ import torch
 from client_models import HeteroModel, assign_architectures, build_model
 from fedapp.config import RunConfig
 from fedapp.data import TensorData, load_dataset
-from fedapp.partitions import PartitionSpec
+from fedapp.partitions import Partition, PartitionError, PartitionSpec, get_partition
 from fedapp.training import derive_seed
 
 
@@ -48,15 +48,22 @@ def new_model(cfg: RunConfig, arch: str, input_shape: tuple[int, int, int], num_
                        feature_dim=cfg.feature_dim or None, width=cfg.model_width)
 
 
-def check_models(cfg: RunConfig, data: TensorData) -> None:
-    """Build every architecture of the mix once, so an input too small for one of them or a
-    width a backbone cannot take is refused before training, not in every client."""
+def prepare(cfg: RunConfig) -> tuple[TensorData, Partition]:
+    """Load the data, partition it and build every architecture once, so that a missing
+    dataset, an impossible partition or an input too small for an architecture is refused
+    before any training (by ``fedapp run`` before it starts Flower, and by the ServerApp)."""
     from client_models import ModelConfigError
 
     from fedapp.config import ConfigError
+    data = dataset(cfg)
+    try:
+        partition = get_partition(data, partition_spec(cfg))
+    except PartitionError as exc:
+        raise ConfigError(f"the partition settings do not fit {cfg.dataset}: {exc}") from None
     for arch in sorted(set(cfg.architectures)):
         try:
             new_model(cfg, arch, data.input_shape, data.num_classes, "check")
         except ModelConfigError as exc:
             raise ConfigError(f"architecture {arch!r} cannot run on {cfg.dataset} "
                               f"{data.input_shape}: {exc}") from None
+    return data, partition

@@ -596,8 +596,14 @@ class FixedSizePartitioner(_LabelSkewPartitioner):
 # --------------------------------------------------------------------------- #
 # make_partition
 # --------------------------------------------------------------------------- #
+# PartitionSpec fields whose run-config key is not just the field name with dashes.
+_RUN_CONFIG_KEY = {"scheme": "partition", "alpha": "dirichlet-alpha"}
+
+
 def _bad(key: str, value: Any, allowed: str) -> PartitionError:
-    return PartitionError(f"PartitionSpec.{key}={value!r} is not allowed: {allowed}")
+    """Name the setting as the user wrote it in the run config (``classes-per-client``)."""
+    setting = _RUN_CONFIG_KEY.get(key, key.replace("_", "-"))
+    return PartitionError(f"setting {setting} = {value!r} is not allowed: {allowed}")
 
 
 def _validate(spec: PartitionSpec, train_labels: np.ndarray, test_labels: np.ndarray,

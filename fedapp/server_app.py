@@ -12,7 +12,6 @@ from flwr.server import ServerAppComponents, ServerConfig
 from flwr.serverapp import ServerApp
 
 from fedapp import experiment
-from fedapp.partitions import get_partition
 from fedapp.results import Recorder
 from strategies import METHODS, load_config
 
@@ -24,9 +23,7 @@ def default_run_name(method: str, dataset: str) -> str:
 
 def server_fn(context: Context) -> ServerAppComponents:
     cfg = load_config(context.run_config)
-    data = experiment.dataset(cfg)  # fails here, before any training, if the data is missing
-    experiment.check_models(cfg, data)
-    partition = get_partition(data, experiment.partition_spec(cfg))
+    data, partition = experiment.prepare(cfg)  # bad data or settings fail here, not later
     run_dir = cfg.results_root() / (cfg.run_name or default_run_name(cfg.method, cfg.dataset))
     summary = partition.summary(data.train_y.numpy(), data.test_y.numpy(), data.num_classes)
     summary["architectures"] = experiment.architectures(cfg)

@@ -88,3 +88,16 @@ def test_config_choices_match_what_the_data_layer_offers():
     assert SHARED_KEYS["dataset"].metadata["choices"] == DATASETS
     assert SHARED_KEYS["partition"].metadata["choices"] == SCHEMES
     assert set(SHARED_KEYS["local-test"].metadata["choices"]) == set(LOCAL_TEST_MODES)
+
+
+@pytest.mark.parametrize("overrides,words", [
+    ({"partition": "pathological", "classes-per-client": 20}, ["classes-per-client", "20"]),
+    ({"synthetic-shape": "1,4,4"}, ["cnn3", "too small"]),
+])
+def test_settings_that_only_fail_with_the_data_are_refused_before_training(overrides, words):
+    from fedapp.experiment import prepare
+    flat = {"dataset": "synthetic", "num-clients": 3, "arch-mix": "cnn3", **overrides}
+    with pytest.raises(ConfigError) as err:
+        prepare(load_config(flat))
+    for word in words:
+        assert word in str(err.value)

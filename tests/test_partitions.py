@@ -342,7 +342,9 @@ def test_bad_specs_raise_clear_partition_error(kw, key, allowed):
     with pytest.raises(PartitionError) as info:
         part(**kw)
     msg = str(info.value)
-    assert f"PartitionSpec.{key}=" in msg and allowed in msg, msg
+    # The message names the setting as the run config spells it.
+    setting = {"scheme": "partition", "alpha": "dirichlet-alpha"}.get(key, key.replace("_", "-"))
+    assert f"setting {setting} = " in msg and allowed in msg, msg
     assert isinstance(info.value, ValueError)
 
 
