@@ -130,8 +130,16 @@ class FedStrategy(Strategy):
         return Parameters(tensors=[], tensor_type="")
 
     def _wait_and_list(self, client_manager: ClientManager) -> list[ClientProxy]:
-        want = self.cfg.num_clients
-        if not client_manager.wait_for(want, timeout=self.cfg.wait_for_clients_seconds):
+        now = time.time
+        want, deadline = self.cfg.num_clients, now() + self.cfg.wait_for_clients_seconds
+        # Wait in slices and say so, rather than sit silent until the timeout: a simulation
+        # started with too few SuperNodes is the usual cause, and the user should see it.
+        while not client_manager.wait_for(want, timeout=int(max(1, min(10, deadline - now())))):
+            if now() >= deadline:
+                break
+            log(WARNING, "waiting for clients: %d of num-clients=%d connected (in simulation "
+                "num-supernodes must equal num-clients)", client_manager.num_available(), want)
+        if client_manager.num_available() < want:
             raise RoundFailed(
                 f"only {client_manager.num_available()} of num-clients={want} clients connected "
                 f"within {self.cfg.wait_for_clients_seconds} s. In simulation set "

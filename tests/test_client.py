@@ -56,7 +56,8 @@ def test_what_is_sent_for_evaluation_does_not_leak_into_training():
     ctx = context(0)
     c = client("fedavg", ctx, arch_mix="cnn5")
     c.fit([], {"server-round": 1})
-    saved = {k: v.clone() for k, v in client("fedavg", ctx, arch_mix="cnn5").model.state_dict().items()}
+    state = client("fedavg", ctx, arch_mix="cnn5").model.state_dict()
+    saved = {k: v.clone() for k, v in state.items()}
     zeros = {k: np.zeros(v.shape, np.float32) for k, v in saved.items() if v.is_floating_point()}
     loss, n, metrics = client("fedavg", ctx, arch_mix="cnn5").evaluate(to_ndarrays(zeros), {})
     assert 0.0 <= metrics["accuracy"] <= 1.0

@@ -32,7 +32,8 @@ def test_client_side_list_matches_server_side_encoding():
 
 def test_wire_size_separates_data_from_framing():
     # The LG-FedAvg head of FedGH Table 3: 500*10 + 10 = 5010 floats = 20040 bytes of data.
-    payload = {"head.weight": np.zeros((10, 500), np.float32), "head.bias": np.zeros(10, np.float32)}
+    payload = {"head.weight": np.zeros((10, 500), np.float32),
+               "head.bias": np.zeros(10, np.float32)}
     size = wire_size(encode(payload))
     assert size.data == 5010 * 4
     assert size.framing == sum(len(t) for t in encode(payload).tensors) - 5010 * 4

@@ -133,3 +133,11 @@ def test_a_partition_uploading_twice_in_a_round_counts_once(rng):
                                (proxies[1], fit_res(b, 10, 0, "cnn1"))], [])
     np.testing.assert_array_equal(strategy.global_head["head.weight"], a["head.weight"])
     assert strategy._counts["rejected"] == 1
+
+
+def test_too_few_clients_is_a_clear_error_not_a_hang(caplog):
+    strategy = make_strategy("standalone", num_clients=3, wait_for_clients_seconds=2)
+    manager, _ = client_manager(2)
+    with pytest.raises(RoundFailed, match="only 2 of num-clients=3 .* num-supernodes=3"):
+        strategy.configure_fit(1, None, manager)
+    assert "waiting for clients: 2 of num-clients=3" in caplog.text
