@@ -96,9 +96,27 @@ class FedClient(NumPyClient):
                 f"num-supernodes={cfg.num_clients} (fedapp run does this for you).")
         self.device = pick_device()
         self.arch = experiment.architectures(cfg)[self.partition_id]
-        self.data, self.global_test = _device_data(cfg, self.partition_id, self.device.type)
-        self.num_classes = experiment.dataset(cfg).num_classes
-        self.model = self._restore_model()
+
+    # Data and model are loaded on first use, so that answering the server's "who are you?"
+    # (get_properties) costs nothing.
+    @functools.cached_property
+    def data(self) -> ClientData:
+        """This client's train / val / test tensors, on its device."""
+        return _device_data(self.cfg, self.partition_id, self.device.type)[0]
+
+    @functools.cached_property
+    def global_test(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The shared global-test subset (with ``eval-global-test``), else None."""
+        return _device_data(self.cfg, self.partition_id, self.device.type)[1]
+
+    @functools.cached_property
+    def num_classes(self) -> int:
+        return experiment.dataset(self.cfg).num_classes
+
+    @functools.cached_property
+    def model(self) -> torch.nn.Module:
+        """The private model, as last saved in ``context.state``."""
+        return self._restore_model()
 
     def _restore_model(self) -> torch.nn.Module:
         """The private model as saved in ``context.state`` (fresh from the seed at first)."""
@@ -151,6 +169,9 @@ class FedClient(NumPyClient):
     def identity(self) -> dict[str, Any]:
         """Metrics that let the server tell clients apart (node ids are not partition ids)."""
         return {"partition-id": self.partition_id, "arch": self.arch}
+
+    def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
+        return self.identity()
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         server_round = int(config.get("server-round", 0))

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any, Mapping
 
 import numpy as np
-from flwr.common import (EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar)
+from flwr.common import (EvaluateIns, EvaluateRes, FitIns, FitRes, GetPropertiesIns,
+                         Parameters, Scalar)
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -144,7 +146,26 @@ class FedStrategy(Strategy):
                 f"only {client_manager.num_available()} of num-clients={want} clients connected "
                 f"within {self.cfg.wait_for_clients_seconds} s. In simulation set "
                 f"num-supernodes={want}; in deployment start {want} SuperNodes.")
-        return [proxy for _, proxy in sorted(client_manager.all().items())]
+        proxies = list(client_manager.all().values())
+        self._ask_identities([p for p in proxies if p.cid not in self.clients])
+        known = [p for p in proxies if p.cid in self.clients]
+        # Ordered by partition id, never by node id (random per run) or arrival order, so that
+        # sampling and the order of aggregation, hence the result, follow from the seed alone.
+        return sorted(known, key=lambda p: self.clients[p.cid].partition_id)
+
+    def _ask_identities(self, proxies: list[ClientProxy]) -> None:
+        """Learn who the new clients are (partition id, architecture) before they are sampled
+        or sent anything, in parallel: in deployment each answer starts a process."""
+        def ask(proxy: ClientProxy) -> None:
+            try:
+                res = proxy.get_properties(GetPropertiesIns({}), timeout=None, group_id=0)
+                self._identify(proxy, res.properties)
+            except Exception as exc:  # a crashed or lying client is left out, not fatal
+                log(WARNING, "client %s did not identify itself and is left out: %s",
+                    proxy.cid, exc)
+        if proxies:
+            with ThreadPoolExecutor(max_workers=min(32, len(proxies))) as pool:
+                list(pool.map(ask, proxies))
 
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
@@ -194,6 +215,7 @@ class FedStrategy(Strategy):
             self._counts["failures"] += 1
             reason = failure if isinstance(failure, BaseException) else failure[1].status.message
             log(WARNING, "round %s: a client failed during training: %r", server_round, reason)
+        uploads.sort(key=lambda u: u.client.partition_id)  # sums in a fixed order
         self._counts["clients_fit"] = len(uploads)
         # Time the clients spent computing, to tell it apart from the framework's share.
         self._client_seconds = sum(_seconds(u.metrics, "train-seconds") for u in uploads)
@@ -214,7 +236,10 @@ class FedStrategy(Strategy):
             raise PayloadError(f"partition {pid} reports architecture {arch!r}, the run config "
                                f"gives it {self.architectures[pid]!r}")
         info = ClientInfo(pid, arch)
-        self.clients[proxy.cid] = info
+        known = self.clients.setdefault(proxy.cid, info)
+        if known != info:
+            raise PayloadError(f"client {proxy.cid} was partition {known.partition_id} "
+                               f"({known.arch}) and now claims {pid} ({arch})")
         return info
 
     def configure_evaluate(self, server_round: int, parameters: Parameters,
@@ -249,6 +274,7 @@ class FedStrategy(Strategy):
         for failure in failures:
             log(WARNING, "round %s: a client failed during evaluation: %r", server_round,
                 failure if isinstance(failure, BaseException) else failure[1].status.message)
+        evals.sort(key=lambda e: e["partition-id"])
         up = sum(self._up.values(), WireSize())
         down = sum(self._down.values(), WireSize())
         traffic = {"bytes_up": up.data, "bytes_down": down.data, "framing_up": up.framing,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from flwr.common import Code, EvaluateRes, FitRes, Status, ndarrays_to_parameters
+from flwr.common import (Code, EvaluateRes, FitRes, GetPropertiesRes, Status,
+                         ndarrays_to_parameters)
 from flwr.server import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
@@ -13,9 +14,17 @@ from strategies import METHODS, load_config
 
 
 class FakeProxy(ClientProxy):
-    """A client the strategy can address; Flower never calls it in these tests."""
+    """A client the strategy can address; it only answers "who are you?"."""
 
-    def get_properties(self, *a, **k): raise NotImplementedError
+    def __init__(self, cid, identity):
+        super().__init__(cid)
+        self.identity = identity
+
+    def get_properties(self, *a, **k):
+        if self.identity is None:
+            raise RuntimeError("this client crashed")
+        return GetPropertiesRes(Status(Code.OK, ""), self.identity)
+
     def get_parameters(self, *a, **k): raise NotImplementedError
     def fit(self, *a, **k): raise NotImplementedError
     def evaluate(self, *a, **k): raise NotImplementedError
@@ -33,10 +42,15 @@ def make_strategy(method, recorder=None, input_shape=(1, 28, 28), num_classes=10
                                     num_classes=num_classes)
 
 
-def client_manager(n):
+def client_manager(strategy, identities=None):
+    """Register one fake client per partition of ``strategy``'s run, in a shuffled node order
+    (as Flower's random node ids would be); proxies are returned by partition id."""
+    archs = strategy.architectures
+    identities = identities or [{"partition-id": i, "arch": a} for i, a in enumerate(archs)]
+    proxies = [FakeProxy(f"node-{(i * 7919) % 1000:03d}", ident)
+               for i, ident in enumerate(identities)]
     manager = SimpleClientManager()
-    proxies = [FakeProxy(cid=f"node-{i}") for i in range(n)]
-    for p in proxies:
+    for p in reversed(proxies):
         manager.register(p)
     return manager, proxies
 

@@ -21,7 +21,7 @@ def test_lg_fedavg_moves_exactly_the_head_each_way(rng, tmp_path):
                         num_rounds=1, config={}, partition={})
     strategy = make_strategy("lg-fedavg", recorder, num_clients=3, feature_dim=500,
                              arch_mix="cnn1,cnn2,cnn3")
-    manager, proxies = client_manager(3)
+    manager, proxies = client_manager(strategy)
     instructions = strategy.configure_fit(1, None, manager)
     assert len(instructions) == 3
     for _, ins in instructions:
@@ -50,7 +50,7 @@ def test_lg_fedavg_moves_exactly_the_head_each_way(rng, tmp_path):
 
 def test_bad_uploads_are_rejected_and_the_round_goes_on(rng, caplog):
     strategy = make_strategy("lg-fedavg", num_clients=5, arch_mix="cnn1")
-    manager, proxies = client_manager(5)
+    manager, proxies = client_manager(strategy)
     strategy.configure_fit(1, None, manager)
     good = _heads(rng, 1)[0]
     wrong_shape = {**good, "head.weight": np.zeros((10, 499), np.float32)}
@@ -76,7 +76,7 @@ def test_bad_uploads_are_rejected_and_the_round_goes_on(rng, caplog):
 
 def test_a_round_with_no_usable_update_fails_loudly():
     strategy = make_strategy("lg-fedavg", num_clients=2, arch_mix="cnn1")
-    manager, proxies = client_manager(2)
+    manager, proxies = client_manager(strategy)
     strategy.configure_fit(1, None, manager)
     with pytest.raises(RoundFailed, match="no client returned a usable update"):
         strategy.aggregate_fit(1, [], [RuntimeError("a"), RuntimeError("b")])
@@ -84,7 +84,7 @@ def test_a_round_with_no_usable_update_fails_loudly():
 
 def test_fedavg_averages_the_whole_model_weighted_by_samples(rng):
     strategy = make_strategy("fedavg", num_clients=2, arch_mix="cnn5", feature_dim=500)
-    manager, proxies = client_manager(2)
+    manager, proxies = client_manager(strategy)
     [(_, ins), _] = strategy.configure_fit(1, None, manager)
     sent = decode(ins.parameters)
     n_floats = sum(a.size for a in sent.values())
@@ -104,7 +104,7 @@ def test_fedavg_averages_the_whole_model_weighted_by_samples(rng):
 
 def test_standalone_moves_nothing(rng):
     strategy = make_strategy("standalone", num_clients=2)
-    manager, proxies = client_manager(2)
+    manager, proxies = client_manager(strategy)
     instructions = strategy.configure_fit(1, None, manager)
     assert all(wire_size(ins.parameters).total == 0 for _, ins in instructions)
     strategy.aggregate_fit(1, [(p, fit_res({}, 10, i, a))
@@ -116,7 +116,7 @@ def test_sampling_is_deterministic_and_respects_fraction():
     picks = []
     for _ in range(2):
         strategy = make_strategy("standalone", num_clients=10, fraction_fit=0.3, seed=4)
-        manager, _ = client_manager(10)
+        manager, _ = client_manager(strategy)
         picks.append([[p.cid for p, _ in strategy.configure_fit(r, None, manager)]
                       for r in (1, 2, 3)])
     assert picks[0] == picks[1]
@@ -125,8 +125,9 @@ def test_sampling_is_deterministic_and_respects_fraction():
 
 
 def test_a_partition_uploading_twice_in_a_round_counts_once(rng):
+    # Two nodes that both claim partition 0 (a misconfigured deployment, or a forger).
     strategy = make_strategy("lg-fedavg", num_clients=2, arch_mix="cnn1")
-    manager, proxies = client_manager(2)
+    manager, proxies = client_manager(strategy, [{"partition-id": 0, "arch": "cnn1"}] * 2)
     strategy.configure_fit(1, None, manager)
     a, b = _heads(rng, 2)
     strategy.aggregate_fit(1, [(proxies[0], fit_res(a, 10, 0, "cnn1")),
@@ -137,7 +138,29 @@ def test_a_partition_uploading_twice_in_a_round_counts_once(rng):
 
 def test_too_few_clients_is_a_clear_error_not_a_hang(caplog):
     strategy = make_strategy("standalone", num_clients=3, wait_for_clients_seconds=2)
-    manager, _ = client_manager(2)
+    manager, _ = client_manager(strategy, identities=[{"partition-id": 0, "arch": "cnn1"},
+                                                      {"partition-id": 1, "arch": "cnn2"}])
     with pytest.raises(RoundFailed, match="only 2 of num-clients=3 .* num-supernodes=3"):
         strategy.configure_fit(1, None, manager)
     assert "waiting for clients: 2 of num-clients=3" in caplog.text
+
+
+def test_clients_are_identified_first_and_ordered_by_partition_not_node_id():
+    strategy = make_strategy("standalone", num_clients=3, arch_mix="cnn1,cnn2,cnn3")
+    identities = [{"partition-id": 2, "arch": "cnn3"}, None,  # this one crashes
+                  {"partition-id": 0, "arch": "cnn1"}]
+    manager, proxies = client_manager(strategy, identities)
+    listed = strategy._wait_and_list(manager)
+    assert [strategy.clients[p.cid].partition_id for p in listed] == [0, 2]
+    assert proxies[1].cid not in strategy.clients
+
+
+def test_a_client_cannot_change_identity_midway(rng):
+    strategy = make_strategy("lg-fedavg", num_clients=2, arch_mix="cnn1")
+    manager, proxies = client_manager(strategy)
+    strategy.configure_fit(1, None, manager)
+    a, b = _heads(rng, 2)
+    strategy.aggregate_fit(1, [(proxies[0], fit_res(a, 10, 0, "cnn1")),
+                               (proxies[1], fit_res(b, 10, 0, "cnn1"))], [])
+    assert strategy._counts["rejected"] == 1
+    assert strategy.clients[proxies[1].cid].partition_id == 1
