@@ -59,19 +59,77 @@ def resolve_settings(preset: str | None, overrides: Sequence[str]) -> tuple[dict
     return {**defaults, **changed}, changed
 
 
+def flower_env(flwr_home: Path, **extra: str) -> dict[str, str]:
+    """The environment every Flower process of ours gets: a private ``FLWR_HOME``, no runtime
+    dependency installation (it would download ~5.5 GB per run), no update check or
+    telemetry, and this venv's ``bin`` first on PATH (Flower spawns ``flower-superexec`` by
+    name)."""
+    return {**os.environ,
+            "FLWR_HOME": str(flwr_home),
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            **extra}
+
+
+def wait_for_port(process: subprocess.Popen, port: int, what: str, log_path: Path,
+                  timeout: float = SUPERLINK_START_TIMEOUT, host: str = "127.0.0.1") -> None:
+    """Return once ``process`` accepts connections on ``port``; raise if it exits or hangs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {process.returncode}; see {log_path}")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"{what} did not start within {timeout:.0f} s; see {log_path}")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes (zombies excluded) in process group ``pgid``, read from /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # Fields after the command name "(...)": state, ppid, pgrp, ...
+            state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue  # exited meanwhile
+        if int(pgrp) == pgid and state != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def stop_process_group(process: subprocess.Popen | None) -> None:
+    """Stop ``process`` and everything it spawned: it must have been started with
+    ``start_new_session=True``, so that its process group is exactly ours to kill. Waits for
+    the whole group, not only the leader: Flower's children may outlive it by a moment."""
+    if process is None:
+        return
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            process.poll()  # reap the leader, else it stays a member as a zombie
+            if process.returncode is not None and not group_members(process.pid):
+                return
+            time.sleep(0.1)
+    process.poll()
+
+
 class LocalSuperLink:
     """A simulation SuperLink on free loopback ports, owned (and stopped) by this process."""
 
     def __init__(self, flwr_home: Path, log_path: Path) -> None:
         self.http_port, self.control_port = _free_port(), _free_port()
-        self.env = {**os.environ,
-                    "FLWR_HOME": str(flwr_home),
-                    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.http_port),
-                    "FLWR_LOCAL_CONTROL_API_PORT": str(self.control_port),
-                    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-                    "FLWR_DISABLE_UPDATE_CHECK": "1",
-                    "FLWR_TELEMETRY_ENABLED": "0",
-                    "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+        self.env = flower_env(flwr_home,
+                              FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(self.http_port),
+                              FLWR_LOCAL_CONTROL_API_PORT=str(self.control_port))
         (flwr_home / "local-superlink").mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
@@ -88,33 +146,11 @@ class LocalSuperLink:
                "--log-file", str(self.log_path)]
         self.process = subprocess.Popen(cmd, env=self.env, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + SUPERLINK_START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"flower-superlink exited with code {self.process.returncode};"
-                                   f" see {self.log_path}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.http_port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.3)
-        raise RuntimeError(f"flower-superlink did not start within {SUPERLINK_START_TIMEOUT} s;"
-                           f" see {self.log_path}")
+        wait_for_port(self.process, self.http_port, "flower-superlink", self.log_path)
 
     def stop(self) -> None:
         """Stop the SuperLink and every process it spawned (its whole process group)."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.process.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        stop_process_group(self.process)
 
 
 def _run_status(env: dict, run_id: str) -> str:
@@ -131,63 +167,61 @@ def _run_status(env: dict, run_id: str) -> str:
     return "unknown (run not listed)"
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def resolve_run(args: argparse.Namespace, *, check_data: bool = True
+                ) -> tuple[Any, dict[str, Any], Path]:
+    """(validated config, the settings to send as overrides, run folder) of ``fedapp run`` /
+    ``fedapp deploy run``; raises ConfigError (or OSError, ...) with a message for the user.
+
+    ``output-dir`` is made absolute and ``run-name`` fixed here, because the ServerApp runs
+    from a copy of the app in another directory and must write where this command looks."""
     from strategies import load_config
 
-    try:
-        flat, changed = resolve_settings(args.preset, args.set)
-        output_dir = Path(args.output_dir or flat["output-dir"] or "results").expanduser()
-        flat["output-dir"] = changed["output-dir"] = str(output_dir.resolve())
-        if not flat["run-name"]:
-            from fedapp.server_app import default_run_name
-            flat["run-name"] = default_run_name(flat["method"], flat["dataset"])
-        changed["run-name"] = flat["run-name"]
-        cfg = load_config(flat)
+    flat, changed = resolve_settings(args.preset, args.set)
+    output_dir = Path(args.output_dir or flat["output-dir"] or "results").expanduser()
+    flat["output-dir"] = changed["output-dir"] = str(output_dir.resolve())
+    if not flat["run-name"]:
+        from fedapp.server_app import default_run_name
+        flat["run-name"] = default_run_name(flat["method"], flat["dataset"])
+    changed["run-name"] = flat["run-name"]
+    cfg = load_config(flat)
+    if check_data:
         from fedapp import experiment
         # A missing dataset, an impossible partition or an architecture that cannot take its
         # input is reported now, not a minute later from inside the simulation.
         experiment.prepare(cfg)
-    except (ConfigError, OSError, RuntimeError, ValueError) as exc:
-        print(f"fedapp: {exc}", file=sys.stderr)
-        return 2
+    return cfg, changed, cfg.results_root() / cfg.run_name
 
-    run_dir = cfg.results_root() / cfg.run_name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    flwr_home = Path(tempfile.mkdtemp(prefix="fedapp-flwr-home-"))
-    overrides = flwr_home / "run-config.toml"
-    overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in changed.items()))
-    federation = (f"num-supernodes={cfg.num_clients} "
-                  f"client-resources-num-cpus={cfg.client_num_cpus} "
-                  f"client-resources-num-gpus={cfg.client_num_gpus}")
-    link = LocalSuperLink(flwr_home, run_dir / "superlink.log")
-    print(f"fedapp: {cfg.method} on {cfg.dataset}, {cfg.num_clients} clients, "
-          f"{cfg.num_server_rounds} rounds -> {run_dir}", flush=True)
-    run_id, status = None, "not started"
-    try:
-        link.start()
-        cmd = [str(BIN / "flwr"), "run", str(PROJECT_ROOT), "--stream",
-               "--run-config", str(overrides), "--federation-config", federation]
-        with open(run_dir / "flwr.log", "w") as log_file, subprocess.Popen(
-                cmd, env=link.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True, bufsize=1) as proc:
-            for line in proc.stdout:  # type: ignore[union-attr]
-                log_file.write(line)
-                match = re.search(r"run (\d+)", line) if run_id is None else None
-                if match and "start" in line.lower():
-                    run_id = match.group(1)
-                if args.verbose or SHOW.search(line):
-                    text = line.rstrip()
-                    print(text[text.find(PROGRESS_TAG):] if PROGRESS_TAG in text else text,
-                          flush=True)
-        status = _run_status(link.env, run_id) if run_id else "unknown (no run id)"
-    except KeyboardInterrupt:
-        status = "interrupted"
-    except RuntimeError as exc:
-        status = f"failed to start: {exc}"
-    finally:
-        link.stop()
-        shutil.rmtree(flwr_home, ignore_errors=True)
 
+def write_run_config(changed: dict[str, Any], path: Path) -> Path:
+    """The overrides as the TOML file ``flwr run --run-config`` reads."""
+    path.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in changed.items()))
+    return path
+
+
+def stream_run(cmd: Sequence[str], env: dict, log_path: Path, verbose: bool) -> str | None:
+    """Run ``flwr run ... --stream``: keep its whole output in ``log_path``, print our progress
+    lines (or everything with ``verbose``), and return the run id it started (None if none)."""
+    run_id = None
+    with open(log_path, "w") as log_file, subprocess.Popen(
+            list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, bufsize=1) as proc:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            log_file.write(line)
+            match = re.search(r"run (\d+)", line) if run_id is None else None
+            if match and "start" in line.lower():
+                run_id = match.group(1)
+            if verbose or SHOW.search(line):
+                text = line.rstrip()
+                print(text[text.find(PROGRESS_TAG):] if PROGRESS_TAG in text else text,
+                      flush=True)
+    return run_id
+
+
+def report_run(status: str, run_dir: Path, *, results_elsewhere: bool = False) -> int:
+    """Print how the run ended and return fedapp's exit status (0 only if it completed).
+
+    ``results_elsewhere``: the ServerApp ran on another machine (a deployed SuperLink), so a
+    completed run's results may not be visible here."""
     summary_path = run_dir / "summary.json"
     if status == "finished:completed" and summary_path.exists():
         summary = json.loads(summary_path.read_text())
@@ -199,9 +233,45 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{summary['wall_seconds']:.0f} s")
         print(f"fedapp: results in {run_dir} (summary.json, rounds.jsonl, accuracy.png)")
         return 0
+    if status == "finished:completed" and results_elsewhere:
+        print(f"fedapp: done. Results in {run_dir} on the SuperLink's machine")
+        return 0
     print(f"fedapp: the run did not complete (status: {status}). Flower's log: "
           f"{run_dir / 'flwr.log'}", file=sys.stderr)
     return 130 if status == "interrupted" else 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        cfg, changed, run_dir = resolve_run(args)
+    except (ConfigError, OSError, RuntimeError, ValueError) as exc:
+        print(f"fedapp: {exc}", file=sys.stderr)
+        return 2
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    flwr_home = Path(tempfile.mkdtemp(prefix="fedapp-flwr-home-"))
+    overrides = write_run_config(changed, flwr_home / "run-config.toml")
+    federation = (f"num-supernodes={cfg.num_clients} "
+                  f"client-resources-num-cpus={cfg.client_num_cpus} "
+                  f"client-resources-num-gpus={cfg.client_num_gpus}")
+    link = LocalSuperLink(flwr_home, run_dir / "superlink.log")
+    print(f"fedapp: {cfg.method} on {cfg.dataset}, {cfg.num_clients} clients, "
+          f"{cfg.num_server_rounds} rounds -> {run_dir}", flush=True)
+    status = "not started"
+    try:
+        link.start()
+        cmd = [str(BIN / "flwr"), "run", str(PROJECT_ROOT), "--stream",
+               "--run-config", str(overrides), "--federation-config", federation]
+        run_id = stream_run(cmd, link.env, run_dir / "flwr.log", args.verbose)
+        status = _run_status(link.env, run_id) if run_id else "unknown (no run id)"
+    except KeyboardInterrupt:
+        status = "interrupted"
+    except RuntimeError as exc:
+        status = f"failed to start: {exc}"
+    finally:
+        link.stop()
+        shutil.rmtree(flwr_home, ignore_errors=True)
+    return report_run(status, run_dir)
 
 
 def compare_table(summaries: Sequence[dict], labels: Sequence[str]) -> str:
@@ -237,8 +307,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_settings(args: argparse.Namespace) -> int:
+    from strategies import method_keys
     defaults = pyproject_defaults()
+    print("# shared settings")
     for key, f in SHARED_KEYS.items():
+        print(f"{key} = {_toml_value(defaults.get(key, f.default))}    # {f.metadata['help']}")
+    section = None
+    for key, f in method_keys().items():
+        if key.split(".", 1)[0] != section:
+            section = key.split(".", 1)[0]
+            print(f"\n# {section}'s own settings (used when method = \"{section}\")")
         print(f"{key} = {_toml_value(defaults.get(key, f.default))}    # {f.metadata['help']}")
     return 0
 
@@ -277,6 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         func=cmd_settings)
     sub.add_parser("methods", help="list the methods").set_defaults(func=cmd_methods)
     sub.add_parser("models", help="list the architectures").set_defaults(func=cmd_models)
+    from fedapp import deploy  # imports this module: only once main() runs
+    deploy.add_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

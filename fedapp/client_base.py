@@ -22,6 +22,7 @@ from flwr.client import NumPyClient
 
 from fedapp import experiment
 from fedapp.config import ConfigError, RunConfig
+from fedapp.local_data import expected_input, load_local_data
 from fedapp.partitions import ClientData, load_client_data
 from fedapp.payload import Payload, from_ndarrays, to_ndarrays
 from fedapp.training import derive_seed, evaluate, make_optimizer, pick_device, train_epochs
@@ -59,14 +60,23 @@ def load_arrays(model: torch.nn.Module, arrays: Mapping[str, np.ndarray]) -> Non
 
 
 @functools.lru_cache(maxsize=4)
-def _device_data(cfg: RunConfig, partition_id: int, device: str) -> tuple[ClientData, Any]:
-    """This client's shard (and the global test subset) on ``device``, once per process."""
-    data = experiment.dataset(cfg)
-    shard = load_client_data(data, experiment.partition_spec(cfg), partition_id)
+def _device_data(cfg: RunConfig, partition_id: int, device: str,
+                 data_dir: str = "") -> tuple[ClientData, Any]:
+    """This client's shard (and the global test subset) on ``device``, once per process.
+
+    The shard is partition ``partition_id`` of the run's dataset, or, when the node config
+    names a ``data-dir``, the node's own data (``fedapp.local_data``): then the shared dataset
+    is loaded only for ``eval-global-test``."""
+    if data_dir:
+        shard = load_local_data(data_dir, *expected_input(cfg), cfg.dataset)
+        data = experiment.dataset(cfg) if cfg.eval_global_test else None
+    else:
+        data = experiment.dataset(cfg)
+        shard = load_client_data(data, experiment.partition_spec(cfg), partition_id)
     shard = ClientData(*(t.to(device) for t in (shard.train_x, shard.train_y, shard.val_x,
                                                 shard.val_y, shard.test_x, shard.test_y)))
     global_test = None
-    if cfg.eval_global_test:
+    if data is not None and cfg.eval_global_test:
         n = len(data.test_y)
         take = n if cfg.global_test_samples == 0 else min(n, cfg.global_test_samples)
         # The same subset for every client, so their global accuracies are comparable.
@@ -94,7 +104,9 @@ class FedClient(NumPyClient):
                 f"node has partition-id={self.partition_id} of num-partitions={num_partitions}, "
                 f"but the run config says num-clients={cfg.num_clients}. In simulation set "
                 f"num-supernodes={cfg.num_clients} (fedapp run does this for you).")
-        self.device = pick_device()
+        # Deployment only: a SuperNode may name its device and bring its own data folder.
+        self.device = pick_device(str(node.get("device", "")))
+        self.data_dir = str(node.get("data-dir", ""))
         self.arch = experiment.architectures(cfg)[self.partition_id]
 
     # Data and model are loaded on first use, so that answering the server's "who are you?"
@@ -102,16 +114,16 @@ class FedClient(NumPyClient):
     @functools.cached_property
     def data(self) -> ClientData:
         """This client's train / val / test tensors, on its device."""
-        return _device_data(self.cfg, self.partition_id, self.device.type)[0]
+        return _device_data(self.cfg, self.partition_id, str(self.device), self.data_dir)[0]
 
     @functools.cached_property
     def global_test(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The shared global-test subset (with ``eval-global-test``), else None."""
-        return _device_data(self.cfg, self.partition_id, self.device.type)[1]
+        return _device_data(self.cfg, self.partition_id, str(self.device), self.data_dir)[1]
 
     @functools.cached_property
     def num_classes(self) -> int:
-        return experiment.dataset(self.cfg).num_classes
+        return expected_input(self.cfg)[1]
 
     @functools.cached_property
     def model(self) -> torch.nn.Module:
@@ -125,8 +137,9 @@ class FedClient(NumPyClient):
         version = int(state[VERSION_KEY]["version"]) if VERSION_KEY in state else 0
         cached_version, model = _MODEL_CACHE.pop(key, (None, None))
         if model is None or (cached_version != version and MODEL_STATE_KEY not in state):
-            data = experiment.dataset(self.cfg)
-            model = experiment.new_model(self.cfg, self.arch, data.input_shape, data.num_classes,
+            # From the run config alone: a node with its own data-dir need not hold the
+            # shared dataset to build its model.
+            model = experiment.new_model(self.cfg, self.arch, *expected_input(self.cfg),
                                          self.partition_id).to(self.device)
             cached_version = 0
         if cached_version != version:
@@ -147,9 +160,27 @@ class FedClient(NumPyClient):
     def receive(self, payload: Payload, server_round: int) -> None:
         """Apply what the server sent before local training (default: nothing)."""
 
-    def receive_for_evaluation(self, payload: Payload) -> None:
-        """Apply what the server sent for evaluation (default: as for training)."""
+    def receive_for_evaluation(self, payload: Payload) -> bool:
+        """Apply what the server sent for evaluation (default: as for training). Returns
+        whether the model was changed (then it no longer equals the saved private model)."""
+        if not payload:
+            return False
         self.receive(payload, 0)
+        return True
+
+    def evaluation_variants(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        """Accuracies of other ways to predict with this client's model, reported beside the
+        headline ``accuracy`` as ``accuracy-<name>`` (e.g. FedGH with the global header)."""
+        return {}
+
+    def headline_variant(self) -> str | None:
+        """The variant reported as ``accuracy`` instead of the model's own head (then reported
+        as ``accuracy-own-head``); None = the model's own head is the headline."""
+        return None
+
+    def local_steps(self) -> int:
+        """Mini-batches per round; 0 = ``local-epochs`` full passes (every paper but FedHe)."""
+        return 0
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The local training objective on one mini-batch (default: cross-entropy)."""
@@ -181,7 +212,7 @@ class FedClient(NumPyClient):
         start = time.perf_counter()
         stats = train_epochs(
             self.model, self.data.train_x, self.data.train_y, loss_fn=self.loss,
-            optimizer=self.optimizer(), epochs=self.cfg.local_epochs,
+            optimizer=self.optimizer(), epochs=self.cfg.local_epochs, steps=self.local_steps(),
             batch_size=self.cfg.batch_size, grad_clip=self.cfg.grad_clip,
             generator=torch.Generator().manual_seed(
                 derive_seed(self.cfg.seed, "batches", self.partition_id, server_round)))
@@ -194,13 +225,18 @@ class FedClient(NumPyClient):
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         start = time.perf_counter()
-        self.receive_for_evaluation(from_ndarrays(parameters))
+        changed = self.receive_for_evaluation(from_ndarrays(parameters))
         loss, accuracy = evaluate(self.model, self.data.test_x, self.data.test_y)
+        variants = (self.evaluation_variants(self.data.test_x, self.data.test_y)
+                    if len(self.data.test_y) else {})
+        if self.headline_variant() in variants:  # e.g. FedProto's nearest-prototype rule
+            variants["own-head"], accuracy = accuracy, variants.pop(self.headline_variant())
         metrics: dict[str, Any] = {**self.identity(), "accuracy": accuracy}
+        metrics.update({f"accuracy-{name}": value for name, value in variants.items()})
         if self.global_test is not None:
             metrics["global-loss"], metrics["global-accuracy"] = evaluate(self.model,
                                                                           *self.global_test)
-        if not parameters:
+        if not changed:
             # Nothing was installed for evaluation, so the model still equals context.state.
             # (What a server sends for evaluation is never kept: training goes on from the
             # private model saved after fit.)

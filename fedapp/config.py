@@ -28,10 +28,15 @@ class ConfigError(ValueError):
 
 
 def _opt(default: Any, help: str, *, choices: tuple | None = None, low: float | None = None,
-         high: float | None = None, low_open: bool = False) -> Any:
-    """A dataclass field with the validation rule kept beside it."""
+         high: float | None = None, low_open: bool = False, key: str | None = None) -> Any:
+    """A dataclass field with the validation rule kept beside it (``key``: the run-config
+    name when it is not the field name with dashes, e.g. ``lambda``, a Python keyword)."""
     return field(default=default, metadata={
-        "help": help, "choices": choices, "low": low, "high": high, "low_open": low_open})
+        "help": help, "choices": choices, "low": low, "high": high, "low_open": low_open,
+        "key": key})
+
+
+opt = _opt  # for the methods' own settings classes (see ``parse_settings``)
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,7 @@ class RunConfig:
     """Shared settings of one run. Field ``foo_bar`` is the run-config key ``foo-bar``."""
 
     # -- what runs
-    method: str = _opt("lg-fedavg", "federated method (see `fedapp methods`)")
+    method: str = _opt("fedgh", "federated method (see `fedapp methods`)")
     num_server_rounds: int = _opt(20, "number of federated rounds", low=1)
     num_clients: int = _opt(10, "number of clients (simulation: SuperNodes)", low=1)
     fraction_fit: float = _opt(1.0, "fraction of clients sampled for training each round",
@@ -87,8 +92,8 @@ class RunConfig:
     optimizer: str = _opt("sgd", "local optimizer", choices=("sgd", "adam"))
     lr: float = _opt(0.01, "local learning rate", low=0.0, low_open=True)
     momentum: float = _opt(0.9, "SGD momentum", low=0.0, high=1.0)
-    weight_decay: float = _opt(0.0, "L2 weight decay", low=0.0)
-    grad_clip: float = _opt(0.0, "gradient-norm clipping (0 = off)", low=0.0)
+    weight_decay: float = _opt(0.001, "L2 weight decay", low=0.0)
+    grad_clip: float = _opt(50.0, "gradient-norm clipping (0 = off)", low=0.0)
     # -- evaluation
     eval_global_test: bool = _opt(False, "also evaluate every client on the global test set")
     global_test_samples: int = _opt(0, "global test subset size (0 = all)", low=0)
@@ -99,6 +104,8 @@ class RunConfig:
                                          low=1)
     output_dir: str = _opt("", "absolute results directory ('' = ~/fedapp-results)")
     run_name: str = _opt("", "results sub-folder name ('' = method-dataset-time)")
+    # -- the chosen method's own settings (``<method>.<key>``), parsed by ``strategies``
+    settings: Any = field(default=None, metadata={"internal": True})
 
     # ----------------------------------------------------------------------------------------
     @property
@@ -117,7 +124,7 @@ class RunConfig:
 
     def to_flat(self) -> dict[str, Any]:
         """The shared settings as run-config keys, e.g. for ``config.json``."""
-        return {key_of(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {key: getattr(self, f.name) for key, f in SHARED_KEYS.items()}
 
 
 def key_of(field_name: str) -> str:
@@ -125,7 +132,18 @@ def key_of(field_name: str) -> str:
     return field_name.replace("_", "-")
 
 
-SHARED_KEYS = {key_of(f.name): f for f in dataclasses.fields(RunConfig)}
+def settings_keys(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:
+    """Run-config key -> field of a settings dataclass (``prefix.key`` for a method's own)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("internal"):
+            continue
+        key = f.metadata.get("key") or key_of(f.name)
+        out[f"{prefix}.{key}" if prefix else key] = f
+    return out
+
+
+SHARED_KEYS = settings_keys(RunConfig)
 
 
 def _describe(f: dataclasses.Field) -> str:
@@ -174,7 +192,7 @@ def parse_run_config(flat: Mapping[str, Any], *, method_keys: Mapping[str, Any] 
     """Validate a flat run config and return the shared part as a :class:`RunConfig`.
 
     ``method_keys`` are the namespaced keys that method modules declare; they are allowed here
-    and checked by their method (see ``strategies.validate_method_settings``).
+    and checked by :func:`parse_settings` (see ``strategies.load_config``).
     """
     unknown = [k for k in flat if k not in SHARED_KEYS and k not in method_keys]
     if unknown:
@@ -185,12 +203,18 @@ def parse_run_config(flat: Mapping[str, Any], *, method_keys: Mapping[str, Any] 
             hints.append(f"{k}" + (f" (did you mean {close[0]}?)" if close else ""))
         raise ConfigError("unknown setting(s): " + ", ".join(hints)
                           + ". Run `fedapp settings` to list every setting.")
-    values = {}
-    for key, f in SHARED_KEYS.items():
-        values[f.name] = _check_value(key, f, flat[key]) if key in flat else f.default
-    cfg = RunConfig(**values)
+    cfg = parse_settings(RunConfig, flat)
     _check_cross_field(cfg)
     return cfg
+
+
+def parse_settings(cls: type, flat: Mapping[str, Any], prefix: str = "") -> Any:
+    """An instance of the settings dataclass ``cls`` from the ``prefix.*`` keys of ``flat``
+    (defaults for the missing ones), every value checked against its field's rule."""
+    values = {}
+    for key, f in settings_keys(cls, prefix).items():
+        values[f.name] = _check_value(key, f, flat[key]) if key in flat else f.default
+    return cls(**values)
 
 
 def _check_cross_field(cfg: RunConfig) -> None:

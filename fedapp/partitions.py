@@ -626,8 +626,8 @@ def _validate(spec: PartitionSpec, train_labels: np.ndarray, test_labels: np.nda
         raise _bad("seed", spec.seed, "an int >= 0")
     if spec.local_test not in LOCAL_TEST_MODES:
         raise _bad("local_test", spec.local_test, "one of " + ", ".join(LOCAL_TEST_MODES))
-    if not 0.0 <= spec.test_fraction < 1.0:
-        raise _bad("test_fraction", spec.test_fraction, "0 <= test_fraction < 1")
+    if not 0.0 <= spec.test_fraction <= 1.0:
+        raise _bad("test_fraction", spec.test_fraction, "0 <= test_fraction <= 1")
     if not 0.0 <= spec.val_fraction < 1.0:
         raise _bad("val_fraction", spec.val_fraction, "0 <= val_fraction < 1")
     if spec.local_test == "split" and spec.test_fraction + spec.val_fraction >= 1.0:

@@ -91,10 +91,11 @@ class Recorder:
         acc_mean, acc_std = _mean_std(list(per_client.values())) if per_client else (None, None)
         rounds_with_fit = [h for h in self.history if h["clients_fit"] > 0]
 
-        def per_client_per_round(key: str) -> float:
+        def per_client_per_round(key: str, rounds: Sequence[dict] = rounds_with_fit) -> float:
             # Average over rounds of (that round's bytes / clients that trained in it).
-            vals = [h[key] / h["clients_fit"] for h in rounds_with_fit]
+            vals = [h[key] / h["clients_fit"] for h in rounds]
             return float(np.mean(vals)) if vals else 0.0
+        last_fit = rounds_with_fit[-1:]  # steady state of methods that send nothing in round 1
 
         accuracy = {"mean": acc_mean, "std": acc_std, "per_client": per_client,
                     "per_architecture": last.get("per_architecture", {})}
@@ -102,6 +103,8 @@ class Recorder:
             accuracy["global_mean"] = last["global_accuracy_mean"]
             accuracy["global_std"] = last["global_accuracy_std"]
             accuracy["global_per_client"] = last.get("global_per_client", {})
+        if "variants" in last:
+            accuracy["variants"] = last["variants"]
         communication = {
             "bytes_up": int(sum(h["bytes_up"] for h in self.history)),
             "bytes_down": int(sum(h["bytes_down"] for h in self.history)),
@@ -113,6 +116,8 @@ class Recorder:
             "framing_bytes_down": int(sum(h["framing_down"] for h in self.history)),
             "framing_per_client_per_round_up": per_client_per_round("framing_up"),
             "framing_per_client_per_round_down": per_client_per_round("framing_down"),
+            "last_round_floats_per_client_up": per_client_per_round("bytes_up", last_fit) / 4,
+            "last_round_floats_per_client_down": per_client_per_round("bytes_down", last_fit) / 4,
             "evaluation_bytes_down": int(sum(h["eval_bytes_down"] for h in self.history)),
             "note": "bytes_* count the arrays' data (float32 = 4 bytes, as the papers count); "
                     "framing_* is the encoding around it (npy headers, array names); "
@@ -178,6 +183,19 @@ def round_record(server_round: int, evals: Sequence[dict[str, Any]], traffic: di
         g_mean, g_std = _mean_std(list(globals_.values()))
         record.update(global_accuracy_mean=g_mean, global_accuracy_std=g_std,
                       global_per_client=globals_)
+    # Other ways a method can predict (``accuracy-<name>`` metrics, e.g. FedGH's global
+    # header installed): the same statistics, under "variants".
+    variants: dict[str, dict[str, float]] = {}
+    for e in evals:
+        for key, value in e.items():
+            if key.startswith("accuracy-") and isinstance(value, (int, float)):
+                variants.setdefault(key[len("accuracy-"):], {})[str(e["partition-id"])] = \
+                    float(value)
+    if variants:
+        record["variants"] = {}
+        for name, values in sorted(variants.items()):
+            v_mean, v_std = _mean_std(list(values.values()))
+            record["variants"][name] = {"mean": v_mean, "std": v_std, "per_client": values}
     if math.isnan(mean):
         record["accuracy_mean"] = record["accuracy_std"] = None
     return record

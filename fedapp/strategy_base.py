@@ -8,8 +8,9 @@ accounting of what really crosses the wire, evaluation of every client every rou
 results folder.
 
 A method overrides :meth:`FedStrategy.fit_payload`, :meth:`FedStrategy.upload_spec` (and
-optionally :meth:`FedStrategy.check_upload`), :meth:`FedStrategy.aggregate` and, if it sends
-something for evaluation, :meth:`FedStrategy.eval_payload`.
+optionally :meth:`FedStrategy.check_upload` or :meth:`FedStrategy.validate_upload`),
+:meth:`FedStrategy.aggregate` and, if it sends something for evaluation,
+:meth:`FedStrategy.eval_payload`.
 """
 
 from __future__ import annotations
@@ -110,6 +111,12 @@ class FedStrategy(Strategy):
     def check_upload(self, payload: Payload, client: ClientInfo) -> None:
         """Method-specific checks beyond :meth:`upload_spec`; raise PayloadError to reject."""
 
+    def validate_upload(self, payload: Payload, client: ClientInfo) -> None:
+        """Reject (PayloadError) anything the method's maths must not see. Override only when
+        the array names themselves carry information (a spec cannot list them in advance)."""
+        validate(payload, self.upload_spec(client))
+        self.check_upload(payload, client)
+
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
         """The method's server maths on the round's validated uploads."""
 
@@ -201,8 +208,7 @@ class FedStrategy(Strategy):
                                        "this round")
                 seen.add(client.partition_id)
                 payload = decode(res.parameters)
-                validate(payload, self.upload_spec(client))
-                self.check_upload(payload, client)
+                self.validate_upload(payload, client)
                 if not isinstance(res.num_examples, int) or res.num_examples < 1:
                     raise PayloadError(f"num_examples={res.num_examples!r} is not positive")
             except PayloadError as exc:

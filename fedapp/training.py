@@ -8,6 +8,7 @@ only the loss, through the ``loss_fn(x, y) -> Tensor`` they pass in.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -25,9 +26,28 @@ def derive_seed(*parts: int | str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def pick_device() -> torch.device:
-    """CUDA when the process can see a GPU, else CPU."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def pick_device(request: str = "") -> torch.device:
+    """The device a client trains on: ``request`` ("cpu", "cuda", "cuda:1") when given (a
+    SuperNode's ``device`` node config), else CUDA when the process can see a GPU, else CPU.
+
+    A request the machine cannot honour is refused rather than silently run on the CPU, so a
+    node set up for a GPU never trains 50x slower without anyone noticing."""
+    if not request or request == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(request)
+    except RuntimeError:
+        raise ValueError(f"device={request!r} is not a device name; use 'cpu', 'cuda' or "
+                         "'cuda:N'") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise ValueError(f"device={request!r} was asked for, but this process sees "
+                             f"{count} CUDA device(s) (CUDA_VISIBLE_DEVICES="
+                             f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+    elif device.type != "cpu":
+        raise ValueError(f"device={request!r}: only 'cpu' and 'cuda[:N]' are supported")
+    return device
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter], name: str, lr: float, momentum: float,
@@ -50,18 +70,37 @@ class TrainStats:
     samples: int
 
 
+def _batches(n: int, batch_size: int, epochs: int, steps: int, generator: torch.Generator,
+             device: torch.device):
+    """Index batches: ``epochs`` shuffled passes, or exactly ``steps`` batches when > 0
+    (reshuffling at each pass end, so every batch is full-sized unless n < batch_size)."""
+    done = 0
+    while True:
+        order = torch.randperm(n, generator=generator).to(device)
+        for start in range(0, n, batch_size):
+            if steps and done == steps:
+                return
+            if steps and start + batch_size > n and start > 0:
+                break  # a short tail: reshuffle instead, as a fresh random batch would be
+            yield order[start:start + batch_size]
+            done += 1
+        epochs -= 1
+        if not steps and epochs <= 0:
+            return
+
+
 def train_epochs(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                  optimizer: torch.optim.Optimizer, epochs: int, batch_size: int,
-                 generator: torch.Generator, grad_clip: float = 0.0) -> TrainStats:
-    """``epochs`` passes over ``(x, y)`` in shuffled mini-batches (the last one may be short)."""
+                 generator: torch.Generator, grad_clip: float = 0.0, steps: int = 0
+                 ) -> TrainStats:
+    """``epochs`` passes over ``(x, y)`` in shuffled mini-batches (the last one may be short),
+    or, with ``steps`` > 0, exactly that many random mini-batches (FedHe's client update)."""
     model.train()
     n = len(y)
-    total, steps = torch.zeros((), device=x.device), 0
-    for _ in range(epochs):
-        order = torch.randperm(n, generator=generator).to(x.device)
-        for start in range(0, n, batch_size):
-            idx = order[start:start + batch_size]
+    total, steps_done, samples = torch.zeros((), device=x.device), 0, 0
+    if n:
+        for idx in _batches(n, batch_size, epochs, steps, generator, x.device):
             loss = loss_fn(x[idx], y[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -70,8 +109,9 @@ def train_epochs(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
             optimizer.step()
             # Accumulate on the device: .item() every step would force a sync per batch.
             total += loss.detach()
-            steps += 1
-    return TrainStats(loss=float(total) / max(steps, 1), steps=steps, samples=n * epochs)
+            steps_done += 1
+            samples += len(idx)
+    return TrainStats(loss=float(total) / max(steps_done, 1), steps=steps_done, samples=samples)
 
 
 @torch.no_grad()

@@ -1,18 +1,24 @@
 """The methods: one module each, registered here by the name the run config uses.
 
-Adding a method = its module (a ``FedClient`` and a ``FedStrategy`` subclass), one line in
-``METHODS`` and a preset in ``conf/``.
+Adding a method = its module (a ``FedClient`` and a ``FedStrategy`` subclass, and a frozen
+dataclass of its own settings if it has any), one entry in ``METHODS``, the settings' defaults
+under ``[tool.flwr.app.config.<method>]`` in ``pyproject.toml`` and a preset in ``conf/``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from fedapp.client_base import FedClient
-from fedapp.config import ConfigError, RunConfig, parse_run_config
+from fedapp.config import ConfigError, RunConfig, parse_run_config, parse_settings, settings_keys
 from fedapp.strategy_base import FedStrategy
 from strategies.fedavg import FedAvg, FedAvgClient
+from strategies.fedclassavg import FedClassAvg, FedClassAvgClient, FedClassAvgSettings
+from strategies.fedgh import FedGH, FedGHClient, FedGHSettings
+from strategies.fedhe import FedHe, FedHeClient, FedHeSettings
+from strategies.fedproto import FedProto, FedProtoClient, FedProtoSettings
 from strategies.lg_fedavg import LgFedAvg, LgFedAvgClient
 from strategies.standalone import Standalone, StandaloneClient
 
@@ -25,7 +31,9 @@ class Method:
     strategy: type[FedStrategy]
     client: type[FedClient]
     homogeneous_only: bool = False  # every client must run the same architecture
-    shared_head: bool = False       # the head is exchanged, so every d must be equal
+    shared_dim: bool = False        # d-sized vectors (head, representations, prototypes) are
+                                    # exchanged, so every extractor must output the same d
+    settings: type | None = None    # frozen dataclass of the method's own ``<method>.*`` keys
 
 
 METHODS: dict[str, Method] = {
@@ -34,22 +42,47 @@ METHODS: dict[str, Method] = {
     "fedavg": Method("average the whole model (homogeneous architectures only)",
                      FedAvg, FedAvgClient, homogeneous_only=True),
     "lg-fedavg": Method("average only the shared head; extractors stay local",
-                        LgFedAvg, LgFedAvgClient, shared_head=True),
+                        LgFedAvg, LgFedAvgClient, shared_dim=True),
+    "fedclassavg": Method("average the shared classifier; supervised contrastive loss on "
+                          "augmented views + CE + rho * proximal term to the global classifier",
+                          FedClassAvg, FedClassAvgClient, shared_dim=True,
+                          settings=FedClassAvgSettings),
+    "fedgh": Method("server trains a global header on clients' per-class averaged "
+                    "representations", FedGH, FedGHClient, shared_dim=True,
+                    settings=FedGHSettings),
+    "fedproto": Method("per-class prototypes up, count-weighted global prototypes down; "
+                       "CE + lambda * distance", FedProto, FedProtoClient, shared_dim=True,
+                       settings=FedProtoSettings),
+    "fedhe": Method("per-class average logits up and down; CE + alpha * logit loss "
+                    "(any architectures)", FedHe, FedHeClient, settings=FedHeSettings),
 }
 
 
-def method_keys(flat: Mapping[str, Any]) -> set[str]:
-    """The namespaced keys (``<method>.<setting>``) of registered methods found in ``flat``."""
-    return {k for k in flat if "." in k and k.split(".", 1)[0] in METHODS}
+def method_keys() -> dict[str, dataclasses.Field]:
+    """Every method's own settings: ``<method>.<key>`` -> its field (help, default, rule)."""
+    keys = {}
+    for name, method in METHODS.items():
+        if method.settings is not None:
+            keys.update(settings_keys(method.settings, name))
+    return keys
 
 
 def load_config(flat: Mapping[str, Any]) -> RunConfig:
-    """Validate a whole flat run config, method constraints included (before any training)."""
-    cfg = parse_run_config(flat, method_keys=method_keys(flat))
+    """Validate a whole flat run config, method constraints included (before any training).
+
+    Every method's section is checked, not only the chosen one's, so that a typo in a setting
+    of another method is caught too; the chosen method's settings land in ``cfg.settings``."""
+    cfg = parse_run_config(flat, method_keys=method_keys())
     method = METHODS.get(cfg.method)
     if method is None:
         raise ConfigError(f"setting method = {cfg.method!r} is invalid: expected one of "
                           + ", ".join(repr(m) for m in METHODS) + ".")
+    sections = {name: parse_settings(m.settings, flat, name)
+                for name, m in METHODS.items() if m.settings is not None}
+    cfg = dataclasses.replace(cfg, settings=sections.get(cfg.method))
+    resolve = getattr(cfg.settings, "resolve", None)
+    if resolve is not None:
+        cfg = resolve(cfg)  # a method that fixes a shared setting (FedClassAvg: d = 512)
     from fedapp.experiment import architectures  # models import torch; keep this module light
     try:
         archs = architectures(cfg)
@@ -61,8 +94,12 @@ def load_config(flat: Mapping[str, Any]) -> RunConfig:
             f"architecture, but arch-mix = {cfg.arch_mix!r} gives {sorted(set(archs))}. Use "
             "one architecture (e.g. --set arch-mix=\"cnn1\") or a heterogeneous method "
             "(lg-fedavg, standalone).")
-    if method.shared_head and cfg.feature_dim == 0 and len(set(archs)) > 1:
+    if method.shared_dim and cfg.feature_dim == 0 and len(set(archs)) > 1:
         raise ConfigError(
-            f"method {cfg.method!r} shares the head, so every extractor must output the same "
-            "dimension: set feature-dim > 0 (got 0 = each model's own) or use one architecture.")
+            f"method {cfg.method!r} exchanges d-dimensional vectors (heads, representations or "
+            "prototypes), so every extractor must output the same dimension: set feature-dim "
+            "> 0 (got 0 = each model's own) or use one architecture.")
+    check = getattr(cfg.settings, "check", None)
+    if check is not None:
+        check(cfg)  # the method's cross-setting rules; raises ConfigError
     return cfg

@@ -18,8 +18,8 @@ class LgFedAvgClient(FedClient):
     def receive(self, payload: Payload, server_round: int) -> None:
         load_arrays(self.model, payload)
 
-    def receive_for_evaluation(self, payload: Payload) -> None:
-        pass  # the personalised model (global head + local training) is the one evaluated
+    def receive_for_evaluation(self, payload: Payload) -> bool:
+        return False  # the personalised model (global head + local training) is evaluated
 
     def upload(self) -> Payload:
         return state_arrays(self.model, list(self.model.head_state()))

@@ -70,3 +70,68 @@ def eval_res(pid, arch, accuracy):
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+class InProcessFederation:
+    """A strategy and its real clients driven round by round in this process — what Flower
+    does, minus Ray and the network — with every payload really encoded and decoded."""
+
+    def __init__(self, method, **overrides):
+        from flwr.app import Context, RecordDict
+        self.strategy = make_strategy(method, **overrides)
+        self.cfg = self.strategy.cfg
+        self.manager, self.proxies = client_manager(self.strategy)
+        n = self.cfg.num_clients
+        self.contexts = [Context(run_id=11, node_id=pid, state=RecordDict(), run_config={},
+                                 node_config={"partition-id": pid, "num-partitions": n})
+                         for pid in range(n)]
+
+    def client(self, pid):
+        """A fresh client object for partition ``pid`` (Flower builds one per message)."""
+        return METHODS[self.cfg.method].client(self.contexts[pid], self.cfg)
+
+    def fit_round(self, rnd, tamper=None):
+        """One training round; ``tamper(pid, arrays)`` may replace what a client uploads.
+        Returns {pid: (FitIns payload, uploaded payload)}."""
+        from flwr.common import parameters_to_ndarrays
+        from fedapp.payload import decode
+        seen, results = {}, []
+        for proxy, ins in self.strategy.configure_fit(rnd, None, self.manager):
+            pid = proxy.identity["partition-id"]
+            arrays, n, metrics = self.client(pid).fit(parameters_to_ndarrays(ins.parameters),
+                                                      ins.config)
+            if tamper is not None:
+                arrays = tamper(pid, arrays)
+            res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
+            seen[pid] = (decode(ins.parameters), res)
+            results.append((proxy, res))
+        self.strategy.aggregate_fit(rnd, results, [])
+        return seen
+
+    def assert_rejects(self, bad, reason, caplog, pid=0):
+        """Round 1 with client ``pid``'s upload replaced by ``bad(upload)``: that upload is
+        rejected with a logged ``reason`` and the round goes on with the others."""
+        import logging
+        from fedapp.payload import from_ndarrays
+
+        def tamper(p, arrays):
+            return to_ndarrays(bad(from_ndarrays(arrays))) if p == pid else arrays
+
+        with caplog.at_level(logging.WARNING):
+            self.fit_round(1, tamper=tamper)
+        assert self.strategy._counts == {"clients_fit": self.cfg.num_clients - 1,
+                                         "failures": 0, "rejected": 1}
+        assert reason in caplog.text and "rejected the upload" in caplog.text
+
+    def evaluate_round(self, rnd):
+        """Evaluate every client; returns {pid: metrics}."""
+        from flwr.common import parameters_to_ndarrays
+        metrics, results = {}, []
+        for proxy, ins in self.strategy.configure_evaluate(rnd, None, self.manager):
+            pid = proxy.identity["partition-id"]
+            loss, n, m = self.client(pid).evaluate(parameters_to_ndarrays(ins.parameters),
+                                                   ins.config)
+            metrics[pid] = m
+            results.append((proxy, EvaluateRes(Status(Code.OK, ""), loss, n, m)))
+        self.strategy.aggregate_evaluate(rnd, results, [])
+        return metrics

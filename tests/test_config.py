@@ -6,13 +6,14 @@ import pytest
 
 from fedapp.config import (CONF_DIR, SHARED_KEYS, ConfigError, RunConfig, parse_override,
                            parse_run_config, pyproject_defaults, read_preset)
-from strategies import METHODS, load_config
+from strategies import METHODS, load_config, method_keys
 
 
 def test_pyproject_lists_every_setting_with_the_code_default():
     defaults = pyproject_defaults()
-    assert set(SHARED_KEYS) <= set(defaults)
-    for key, f in SHARED_KEYS.items():
+    declared = {**SHARED_KEYS, **method_keys()}
+    assert set(defaults) == set(declared)  # nothing missing, nothing stale
+    for key, f in declared.items():
         assert defaults[key] == f.default, key
 
 

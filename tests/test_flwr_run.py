@@ -81,8 +81,15 @@ def test_plain_flwr_run_with_a_preset(tmp_path):
         assert _run_status(link.env, run_id) == "finished:completed", proc.stdout[-3000:]
     finally:
         link.stop()
-    [summary] = (tmp_path / "fedapp-results").glob("lg-fedavg-synthetic-*/summary.json")
-    assert json.loads(summary.read_text())["rounds"] == 2
+    # The default method is FedGH. Smoke clients hold all 10 classes: 10 x (500 + 1) floats
+    # up; the global header, 500 x 10 + 10, down from round 2 on.
+    [summary] = (tmp_path / "fedapp-results").glob("fedgh-synthetic-*/summary.json")
+    summary = json.loads(summary.read_text())
+    assert summary["rounds"] == 2
+    com = summary["communication"]
+    assert com["last_round_floats_per_client_up"] == com["last_round_floats_per_client_down"] \
+        == 5010
+    assert "global-header" in summary["accuracy"]["variants"]
     assert link.process.poll() is not None  # nothing left running
 
 

@@ -1,0 +1,215 @@
+"""FedClassAvg (Jang et al., ICPP 2022): classifier averaging with supervised contrastive
+representation learning.
+
+Every client model is its own extractor F_k (any architecture, projected to a shared d = 512)
+plus a one-layer classifier C_k: Linear(d, C), the only shared part. Each round a client loads
+the global classifier w_C, trains E local epochs on
+
+    L = L_supcon([F_k(x'), F_k(x'')], y) + CE(C_k(F_k(x')), y) + rho * L_R(w_Ck, w_C)
+
+with two random augmented views x', x'' of every image, and uploads its classifier; the server
+averages the classifiers weighted by the clients' sample counts n_k (as LG-FedAvg does with its
+head: the server side is the same). Per client per round d*C + C floats go each way (5130 for
+d = 512, C = 10).
+
+Where the classifier's ReLU sits: the reference code's extractor ends in the projection
+``fcin: Linear(backbone, 512)`` without activation and its classifier is ``ReLU -> Linear``.
+Models here end their extractor in ``Linear -> ReLU`` (``client_models.base.finish_model``) and
+the head is the Linear; the logits are the same, and the contrastive loss reads the features
+before that final ReLU (``supcon-features = "pre-relu"``, the code's choice), or after it.
+
+Every point the paper leaves open is a setting; the defaults follow the paper, and
+where the paper is silent (the contrastive temperature and normalisation) the reference code.
+The ablation of the paper's Table 4 runs by configuration: ``contrastive = false`` and/or
+``proximal = false``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedapp.augment import ViewAugment
+from fedapp.client_base import VERSION_KEY
+from fedapp.config import ConfigError, opt
+from fedapp.payload import Payload
+from fedapp.training import derive_seed, make_optimizer, train_epochs
+from strategies.lg_fedavg import LgFedAvg, LgFedAvgClient
+
+PROXIMAL_FORMS = ("l2", "squared", "code-mse")
+
+
+@dataclass(frozen=True)
+class FedClassAvgSettings:
+    """``fedclassavg.*``."""
+
+    contrastive: bool = opt(True, "add the supervised contrastive loss on two augmented views "
+                            "(false = CE only: the ablation's CA and CA+PR rows)")
+    proximal: bool = opt(True, "add rho * the proximal term to the global classifier (false = "
+                         "the ablation's CA and CA+CL rows)")
+    rho: float = opt(0.4662, "weight rho of the proximal term (paper Table 1: Fashion-MNIST "
+                     "0.4662, CIFAR-10 and EMNIST 0.1)", low=0.0)
+    proximal_form: str = opt(
+        "l2", "proximal term: 'l2' = ||w - w_global||_2 (paper), 'squared' = "
+        "1/2 ||w - w_global||_2^2 (FedProx), 'code-mse' = 1/2 * sum over the classifier's "
+        "tensors of mean((w - w_global)^2) (reference code)", choices=PROXIMAL_FORMS)
+    proximal_skip_first_batch: bool = opt(
+        False, "leave the proximal term out on the first mini-batch of every epoch, as the "
+        "reference code does (there w = w_global anyway, except for the l2 form's subgradient)")
+    temperature: float = opt(100.0, "SupCon temperature T (reference code 100 on unnormalised "
+                             "features; 0.07 is the usual value on normalised ones)",
+                             low=0.0, low_open=True)
+    base_temperature: float = opt(0.07, "SupCon base temperature: the loss is scaled by "
+                                  "T / base (reference code 0.07; set it equal to T for no "
+                                  "scaling)", low=0.0, low_open=True)
+    normalize_features: bool = opt(False, "L2-normalise the features inside SupCon (reference "
+                                   "code: false, the normalisation is commented out)")
+    supcon_features: str = opt("pre-relu", "which features SupCon sees: the 512-d projection "
+                               "before the classifier's ReLU ('pre-relu', reference code) or "
+                               "after it ('post-relu')", choices=("pre-relu", "post-relu"))
+    augment: bool = opt(True, "augment the views (random resized crop scale (0.2, 1), flip; "
+                        "colour jitter for 3 channels); false = both views are the raw images")
+    adam_beta1: float = opt(0.5, "Adam beta1 (reference code 0.5) when optimizer = 'adam'",
+                            low=0.0, high=1.0)
+    adam_beta2: float = opt(0.999, "Adam beta2 when optimizer = 'adam'", low=0.0, high=1.0)
+    warmup: bool = opt(False, "train local-epochs epochs with SupCon + CE before the first "
+                       "round, as the reference code does (the paper says no warm-up)")
+    feature_dim: int = opt(512, "d of the features and of the shared classifier Linear(d, C) "
+                           "(paper: 512 for every backbone); it replaces the shared "
+                           "feature-dim for this method, 0 = use feature-dim", low=0)
+
+    def resolve(self, cfg):
+        """The run config with this method's d (the shared default, 500, is FedGH's)."""
+        return dataclasses.replace(cfg, feature_dim=self.feature_dim) if self.feature_dim \
+            else cfg
+
+    def check(self, cfg) -> None:
+        if cfg.optimizer == "adam" and not (self.adam_beta1 < 1 and self.adam_beta2 < 1):
+            raise ConfigError(
+                f"settings fedclassavg.adam-beta1 = {self.adam_beta1} and adam-beta2 = "
+                f"{self.adam_beta2} are invalid: Adam needs both betas < 1.")
+
+
+# -- losses -------------------------------------------------------------------------------------
+
+def supcon_loss(views: Tensor, labels: Tensor, temperature: float, base_temperature: float,
+                normalize: bool) -> Tensor:
+    """Supervised contrastive loss (Khosla et al., 2020) over ``views [B, V, d]``.
+
+    Every one of the V*B view features is an anchor; its positives are all other views with
+    its label (its own other views included), its denominator all other views:
+    ``-(T/T_base) * mean_i 1/|P(i)| sum_{p in P(i)} log(exp(z_i.z_p/T) / sum_{a != i}
+    exp(z_i.z_a/T))`` — the reference ``losses.SupConLoss`` with contrast_mode 'all'."""
+    b, v, _ = views.shape
+    z = torch.cat(views.unbind(1), dim=0)  # [V*B, d], view-major as the reference code
+    if normalize:
+        z = F.normalize(z, dim=1)
+    logits = z @ z.T / temperature
+    # Subtracting the row max changes nothing mathematically and keeps exp() finite.
+    logits = logits - logits.max(dim=1, keepdim=True).values.detach()
+    y = labels.repeat(v)
+    not_self = ~torch.eye(v * b, dtype=torch.bool, device=z.device)
+    positive = (y[:, None] == y[None, :]) & not_self
+    log_denominator = torch.logsumexp(logits.masked_fill(~not_self, float("-inf")), dim=1)
+    log_prob = logits - log_denominator[:, None]
+    # With V >= 2 every anchor has at least one positive (its own other view).
+    mean_log_prob_pos = (log_prob * positive).sum(1) / positive.sum(1)
+    return -(temperature / base_temperature) * mean_log_prob_pos.mean()
+
+
+def proximal_term(params: list[Tensor], anchors: list[Tensor], form: str) -> Tensor:
+    """Distance of the classifier ``params`` to the global classifier ``anchors`` (see
+    ``FedClassAvgSettings.proximal_form``)."""
+    diffs = [p - a for p, a in zip(params, anchors)]
+    if form == "l2":
+        # One norm over all the classifier's entries; vector_norm's gradient at 0 is 0 (a
+        # subgradient), where sqrt(sum of squares) would give NaN on the first step (w = w_C).
+        return torch.linalg.vector_norm(torch.cat([d.flatten() for d in diffs]))
+    if form == "squared":
+        return 0.5 * sum(d.pow(2).sum() for d in diffs)
+    if form == "code-mse":
+        return 0.5 * sum(d.pow(2).mean() for d in diffs)
+    raise ValueError(f"unknown proximal form {form!r}; expected one of {PROXIMAL_FORMS}")
+
+
+def _pre_relu_extractor(extractor: nn.Module) -> nn.Module:
+    """The extractor without its final ReLU (the reference code's ``fcin`` output); an
+    extractor that does not end in one is its own pre-ReLU version."""
+    if isinstance(extractor, nn.Sequential) and isinstance(extractor[-1], nn.ReLU):
+        return extractor[:-1]
+    return extractor
+
+
+# -- client and server ------------------------------------------------------------------------
+
+class FedClassAvgClient(LgFedAvgClient):
+    """Loads the global classifier, trains SupCon + CE + rho * proximal, uploads the
+    classifier (upload and evaluation as LG-FedAvg: the personalised model is evaluated)."""
+
+    augment_views = ViewAugment()
+
+    def receive(self, payload: Payload, server_round: int) -> None:
+        if self.cfg.settings.warmup and server_round >= 1 and not self._has_trained():
+            self._warm_up(server_round)
+        super().receive(payload, server_round)
+        # The global classifier w_C, fixed for the round, for the proximal term.
+        self.global_classifier = [p.detach().clone() for p in self.model.head.parameters()]
+        self._batch = 0
+
+    def _has_trained(self) -> bool:
+        return VERSION_KEY in self.context.state  # saved after every fit
+
+    def _warm_up(self, server_round: int) -> None:
+        """The reference code's local pre-training before round 1: SupCon + CE, no proximal
+        term (there is no global classifier yet)."""
+        self.global_classifier, self._batch = None, 0
+        train_epochs(self.model, self.data.train_x, self.data.train_y, loss_fn=self.loss,
+                     optimizer=self.optimizer(), epochs=self.cfg.local_epochs,
+                     batch_size=self.cfg.batch_size, grad_clip=self.cfg.grad_clip,
+                     generator=torch.Generator().manual_seed(
+                         derive_seed(self.cfg.seed, "warmup", self.partition_id)))
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        c, s = self.cfg, self.cfg.settings
+        return make_optimizer(self.model.parameters(), c.optimizer, c.lr, c.momentum,
+                              c.weight_decay, betas=(s.adam_beta1, s.adam_beta2))
+
+    def _views(self, x: Tensor) -> Tensor:
+        return self.augment_views(x) if self.cfg.settings.augment else x
+
+    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+        s = self.cfg.settings
+        model = self.model
+        extractor = (_pre_relu_extractor(model.extractor) if s.supcon_features == "pre-relu"
+                     else model.extractor)
+        if s.contrastive:
+            # Both views in one forward pass (BatchNorm sees them together, as in the code).
+            z = extractor(torch.cat([self._views(x), self._views(x)]))
+            z1, z2 = z.chunk(2)
+            loss = supcon_loss(torch.stack([z1, z2], dim=1), y, s.temperature,
+                               s.base_temperature, s.normalize_features)
+        else:
+            z1 = extractor(self._views(x))
+            loss = z1.new_zeros(())
+        # The classifier's ReLU: a no-op on post-ReLU features, the code's ReLU on pre-ReLU.
+        loss = loss + F.cross_entropy(model.head(F.relu(z1)), y)
+        first_batch = self._batch % self._batches_per_epoch() == 0
+        self._batch += 1
+        if (s.proximal and self.global_classifier is not None
+                and not (s.proximal_skip_first_batch and first_batch)):
+            loss = loss + s.rho * proximal_term(list(model.head.parameters()),
+                                                self.global_classifier, s.proximal_form)
+        return loss
+
+    def _batches_per_epoch(self) -> int:
+        return max(1, math.ceil(len(self.data.train_y) / self.cfg.batch_size))
+
+
+class FedClassAvg(LgFedAvg):
+    """The global classifier (initialised from one model's random classifier) averaged over
+    the round's uploads weighted by n_k, normalised over the participants (reference code)."""

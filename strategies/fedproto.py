@@ -1,0 +1,152 @@
+"""FedProto (Tan et al., AAAI 2022): clients share per-class prototypes, not model weights.
+
+The baseline FedGH compares against. A client's prototype of class c is the mean
+representation ``g_k(x)`` of its training samples of class c (computed exactly after training,
+eval mode, as FedGH's LARs). The server's global prototype of class c is the average of the
+clients' prototypes of c weighted by their sample counts |D_kc|. A client trains with
+``CE + lambda * MSE(g_k(x), global prototype of y)``, so that its representations of a class
+move towards what every client agrees on; classes without a global prototype add nothing.
+
+Traffic: d floats per local class each way (1000 for d=500 and two classes, FedGH's Table 3).
+Labels and the per-class counts the weighting needs travel in the array names
+(``class-3/n-120``), i.e. in the framing that the byte accounting reports apart, because the
+paper counts prototypes only. Each client downloads the global prototypes of its own classes
+(all of them before its first upload).
+
+Evaluation: the model's own head by default; ``fedproto.eval-rule = "nearest-prototype"``
+predicts the class whose global prototype is nearest to ``g_k(x)`` (the FedProto paper's rule).
+Both are reported.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedapp.class_stats import class_means, class_target_mse
+from fedapp.client_base import FedClient
+from fedapp.config import opt
+from fedapp.payload import ArraySpec, Payload, PayloadError, validate
+from fedapp.strategy_base import ClientInfo, FedStrategy, Upload
+
+UPLOAD_NAME = re.compile(r"class-(\d+)/n-(\d+)")
+
+
+@dataclass(frozen=True)
+class FedProtoSettings:
+    """``fedproto.*``."""
+
+    lam: float = opt(1.0, "weight lambda of the prototype distance", low=0.0, key="lambda")
+    eval_rule: str = opt("head", "headline prediction: the model's own 'head' or the "
+                         "'nearest-prototype' (both are reported)",
+                         choices=("head", "nearest-prototype"))
+
+
+def _prototype_table(payload: Payload, num_classes: int, dim: int, device: torch.device
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``{"class-c": vector}`` -> (prototypes [C, d], which classes have one [C])."""
+    table = torch.zeros(num_classes, dim, device=device)
+    has = torch.zeros(num_classes, dtype=torch.bool, device=device)
+    for name, vector in payload.items():
+        c = int(name.removeprefix("class-"))
+        table[c], has[c] = torch.from_numpy(vector).to(device), True
+    return table, has
+
+
+class FedProtoClient(FedClient):
+    """CE + lambda * distance to the global prototypes; uploads its own prototypes."""
+
+    def receive(self, payload: Payload, server_round: int) -> None:
+        self.global_prototypes, self.has_prototype = _prototype_table(
+            payload, self.num_classes, self.model.feature_dim, self.device)
+
+    def receive_for_evaluation(self, payload: Payload) -> bool:
+        self.receive(payload, 0)
+        return False  # the model itself is untouched
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        features = self.model.features(x)
+        loss = torch.nn.functional.cross_entropy(self.model.head(features), y)
+        lam = self.cfg.settings.lam
+        if lam > 0 and bool(self.has_prototype.any()):
+            loss = loss + lam * class_target_mse(features, y, self.global_prototypes,
+                                                 self.has_prototype)
+        return loss
+
+    def upload(self) -> Payload:
+        protos = class_means(self.model.features, self.model, self.data.train_x,
+                             self.data.train_y, self.num_classes)
+        return {f"class-{c}/n-{n}": v for c, n, v in zip(protos.labels, protos.counts,
+                                                          protos.means)}
+
+    def headline_variant(self) -> str | None:
+        return "nearest-prototype" if self.cfg.settings.eval_rule == "nearest-prototype" else None
+
+    def evaluation_variants(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        if not bool(self.has_prototype.any()):
+            return {}
+        self.model.eval()
+        correct = 0
+        with torch.no_grad():
+            for i in range(0, len(y), 512):
+                dist = torch.cdist(self.model.features(x[i:i + 512]), self.global_prototypes)
+                dist[:, ~self.has_prototype] = float("inf")
+                correct += int((dist.argmin(1) == y[i:i + 512]).sum())
+        return {"nearest-prototype": correct / len(y)}
+
+
+class FedProto(FedStrategy):
+    """Averages prototypes per class, weighted by the clients' per-class sample counts."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.feature_dim = self.new_model(self.architectures[0]).feature_dim
+        self.global_prototypes: dict[int, np.ndarray] = {}
+        self.client_classes: dict[int, list[int]] = {}  # partition id -> classes last uploaded
+
+    def fit_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
+        classes = (self.client_classes.get(client.partition_id) if client is not None
+                   else None) or sorted(self.global_prototypes)
+        return {f"class-{c}": self.global_prototypes[c] for c in classes
+                if c in self.global_prototypes}
+
+    def eval_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
+        # The nearest-prototype rule needs every class's global prototype.
+        return {f"class-{c}": v for c, v in sorted(self.global_prototypes.items())}
+
+    def validate_upload(self, payload: Payload, client: ClientInfo) -> None:
+        # The names carry label and count, so the spec is built from them, after checking them.
+        specs = {}
+        for name in payload:
+            match = UPLOAD_NAME.fullmatch(name)
+            if match is None:
+                raise PayloadError(f"array name {name!r} is not 'class-<label>/n-<count>'")
+            label, count = int(match.group(1)), int(match.group(2))
+            if not 0 <= label < self.num_classes or count < 1:
+                raise PayloadError(f"array {name!r}: label must be in [0, {self.num_classes}) "
+                                   "and count >= 1")
+            specs[name] = ArraySpec((self.feature_dim,))
+        labels = [UPLOAD_NAME.fullmatch(n).group(1) for n in payload]
+        if not payload or len(set(labels)) != len(labels):
+            raise PayloadError("expected one prototype per local class, each class once")
+        validate(payload, specs)
+
+    def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
+        sums: dict[int, np.ndarray] = {}
+        counts: dict[int, int] = {}
+        for u in uploads:
+            classes = []
+            for name, vector in u.payload.items():
+                match = UPLOAD_NAME.fullmatch(name)
+                c, n = int(match.group(1)), int(match.group(2))
+                sums[c] = sums.get(c, 0.0) + n * vector.astype(np.float64)
+                counts[c] = counts.get(c, 0) + n
+                classes.append(c)
+            self.client_classes[u.client.partition_id] = sorted(classes)
+        # Classes nobody uploaded this round keep their previous prototype (partial
+        # participation), so a later client of that class still has a target.
+        for c in sums:
+            self.global_prototypes[c] = (sums[c] / counts[c]).astype(np.float32)

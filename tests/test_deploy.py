@@ -1,0 +1,141 @@
+"""``fedapp deploy``: keys and certificates, and a real deployment on loopback — a SuperLink with
+TLS and SuperNode authentication, two registered SuperNodes (one taking its partition by id, one
+reading its own data-dir), an unregistered one that must be refused, and a two-round run."""
+
+import ipaddress
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from fedapp.cli import (_free_port, _run_status, group_members, main, stop_process_group,
+                        wait_for_port)
+from fedapp.config import PROJECT_ROOT
+from fedapp.deploy import connected_env, make_certificates, make_node_key
+
+FEDAPP = [sys.executable, "-m", "fedapp.cli"]
+RUN_SETTINGS = ["--set", 'method="lg-fedavg"', "--set", "num-clients=2",
+                "--set", 'arch-mix="cnn5,cnn4"']
+
+
+# -- keys and certificates (fast) -------------------------------------------------------------
+def test_server_certificate_has_the_sans_and_chains_to_the_ca(tmp_path):
+    paths = make_certificates(tmp_path, ["superlink.example.org", "10.1.2.3"])
+    ca = x509.load_pem_x509_certificate(paths["ca"].read_bytes())
+    cert = x509.load_pem_x509_certificate(paths["cert"].read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(sans.get_values_for_type(x509.DNSName)) == {"localhost", "superlink.example.org"}
+    assert set(sans.get_values_for_type(x509.IPAddress)) == {
+        ipaddress.ip_address(a) for a in ("127.0.0.1", "::1", "10.1.2.3")}
+    cert.verify_directly_issued_by(ca)  # raises if the CA did not sign it
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert not cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    for secret in ("ca-key", "key"):
+        assert paths[secret].stat().st_mode & 0o077 == 0  # private keys: owner only
+    key = serialization.load_pem_private_key(paths["key"].read_bytes(), password=None)
+    assert key.public_key() == cert.public_key()
+
+
+def test_node_key_is_an_openssh_ecdsa_p384_pair(tmp_path):
+    private, public = make_node_key(tmp_path, "site0")
+    assert private.read_text().startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    key = serialization.load_ssh_private_key(private.read_bytes(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
+    assert public.read_text().startswith("ecdsa-sha2-nistp384 ")
+    assert serialization.load_ssh_public_key(public.read_bytes()) == key.public_key()
+    assert private.stat().st_mode & 0o077 == 0
+
+
+def test_commands_refuse_what_is_missing(tmp_path, capsys):
+    assert main(["deploy", "superlink", "--dir", str(tmp_path)]) == 2
+    assert "run `fedapp deploy certs` first" in capsys.readouterr().err
+    assert main(["deploy", "run", "smoke", "--dir", str(tmp_path)]) == 2
+    assert "run `fedapp deploy connect HOST:PORT` first" in capsys.readouterr().err
+
+
+# -- a real deployment on loopback (slow) -----------------------------------------------------
+@pytest.fixture
+def spawn(tmp_path):
+    """Start ``fedapp deploy ...`` commands in their own process groups; stop every one of
+    them (and all they spawned) when the test ends, passed or failed."""
+    started: list[subprocess.Popen] = []
+
+    def start(name: str, *args: str) -> subprocess.Popen:
+        with open(tmp_path / f"{name}.log", "w") as log:
+            proc = subprocess.Popen([*FEDAPP, "deploy", *args], cwd=PROJECT_ROOT, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        started.append(proc)
+        return proc
+
+    def stop_all() -> list[str]:
+        for proc in reversed(started):
+            stop_process_group(proc)
+        return [pid for proc in started for pid in group_members(proc.pid)]
+
+    start.stop_all = stop_all
+    yield start
+    stop_all()
+
+
+@pytest.mark.slow
+def test_tls_deployment_with_authenticated_supernodes(tmp_path, spawn):
+    began = time.monotonic()
+    d = ["--dir", str(tmp_path / "deployment")]
+    assert main(["deploy", "certs", *d]) == 0
+    assert main(["deploy", "node-key", "site0", "site1", "intruder", *d]) == 0
+    keys = tmp_path / "deployment" / "keys"
+    assert main(["deploy", "export-shard", "smoke", *RUN_SETTINGS, "--partition-id", "1",
+                 "--out", str(tmp_path / "site1-data")]) == 0
+
+    port = _free_port()
+    superlink = spawn("superlink", "superlink", "--port", str(port), *d)
+    wait_for_port(superlink, port, "the SuperLink", tmp_path / "superlink.log")
+    address = f"127.0.0.1:{port}"
+    assert main(["deploy", "connect", address, *d]) == 0
+    assert main(["deploy", "register", str(keys / "site0.pub"), str(keys / "site1.pub"),
+                 *d]) == 0
+
+    def supernode(name: str, node_config: str, *extra: str) -> subprocess.Popen:
+        return spawn(name, "supernode", "--superlink", address, "--key",
+                     str(keys / f"{name}.key"), "--port", str(_free_port()),
+                     "--node-config", node_config, *extra, *d)
+
+    supernode("site0", "partition-id=0 num-partitions=2 device=\"cpu\"")
+    supernode("site1", f'partition-id=1 num-partitions=2 data-dir="{tmp_path / "site1-data"}"')
+    # Its key was never registered: the SuperLink must refuse it (it gives up after 1 retry).
+    intruder = supernode("intruder", "partition-id=0 num-partitions=2", "--max-retries", "1")
+
+    out = tmp_path / "results"
+    proc = subprocess.run([*FEDAPP, "deploy", "run", "smoke", *RUN_SETTINGS,
+                           "--set", 'run-name="deployed"', "--output-dir", str(out), *d],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("[fedapp] round") == 2
+
+    # The exit status above already depends on it; check the SuperLink's word directly too.
+    env = connected_env(tmp_path / "deployment" / "flwr-home")
+    log = (out / "deployed" / "flwr.log").read_text()
+    run_id = next(line.split()[-1] for line in log.splitlines()
+                  if "Successfully started run" in line)
+    assert _run_status(env, run_id) == "finished:completed"
+    summary = json.loads((out / "deployed" / "summary.json").read_text())
+    assert set(summary["accuracy"]["per_client"]) == {"0", "1"}
+    assert summary["rounds"] == 2 and summary["failures"] == 0
+
+    assert intruder.wait(timeout=60) != 0
+    assert "Failed to activate SuperNode" in (tmp_path / "intruder.log").read_text()
+    assert "No SuperNode found with the given public key" in (
+        tmp_path / "superlink.log").read_text()
+    nodes = json.loads(subprocess.run(
+        [str(Path(sys.executable).parent / "flwr"), "supernode", "list", "--format", "json"],
+        env=env, capture_output=True, text=True, timeout=120).stdout)["nodes"]
+    assert sorted(n["status"] for n in nodes) == ["online", "online"]  # site0, site1 only
+
+    assert spawn.stop_all() == []  # no process of ours left behind
+    print(f"deployment test: {time.monotonic() - began:.0f} s")
