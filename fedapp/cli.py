@@ -39,7 +39,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -194,7 +194,7 @@ def resolve_run(args: argparse.Namespace, *, check_data: bool = True
 
 def write_run_config(changed: dict[str, Any], path: Path) -> Path:
     """The overrides as the TOML file ``flwr run --run-config`` reads."""
-    path.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in changed.items()))
+    path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in changed.items()))
     return path
 
 
@@ -311,13 +311,13 @@ def cmd_settings(args: argparse.Namespace) -> int:
     defaults = pyproject_defaults()
     print("# shared settings")
     for key, f in SHARED_KEYS.items():
-        print(f"{key} = {_toml_value(defaults.get(key, f.default))}    # {f.metadata['help']}")
+        print(f"{key} = {toml_value(defaults.get(key, f.default))}    # {f.metadata['help']}")
     section = None
     for key, f in method_keys().items():
         if key.split(".", 1)[0] != section:
             section = key.split(".", 1)[0]
             print(f"\n# {section}'s own settings (used when method = \"{section}\")")
-        print(f"{key} = {_toml_value(defaults.get(key, f.default))}    # {f.metadata['help']}")
+        print(f"{key} = {toml_value(defaults.get(key, f.default))}    # {f.metadata['help']}")
     return 0
 
 

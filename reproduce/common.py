@@ -13,14 +13,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from fedapp.cli import toml_value
+
 ROOT = Path(__file__).resolve().parent.parent
 FEDAPP = Path(sys.executable).parent / "fedapp"
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return json.dumps(value) if isinstance(value, str) else repr(value)
 
 
 def run_experiment(preset: str, overrides: Mapping[str, Any], run_name: str,

@@ -32,7 +32,7 @@ from fedapp.client_base import FedClient, load_arrays
 from fedapp.config import ConfigError, RunConfig, opt
 from fedapp.payload import ArraySpec, Payload, PayloadError
 from fedapp.strategy_base import ClientInfo, FedStrategy, Upload
-from fedapp.training import derive_seed
+from fedapp.training import derive_seed, evaluate
 
 
 @dataclass(frozen=True)
@@ -71,13 +71,10 @@ class FedGHClient(FedClient):
         header = getattr(self, "global_header", None)
         if not header:
             return {}
-        weight, bias = (torch.from_numpy(header[k]).to(self.device)
-                        for k in ("head.weight", "head.bias"))
-        with torch.no_grad():
-            self.model.eval()
-            correct = sum(int((F.linear(self.model.features(x[i:i + 512]), weight, bias)
-                               .argmax(1) == y[i:i + 512]).sum()) for i in range(0, len(y), 512))
-        return {"global-header": correct / len(y)}
+        global_header = torch.nn.Linear(*self.model.head.weight.shape[::-1]).to(self.device)
+        load_arrays(global_header, {k.removeprefix("head."): v for k, v in header.items()})
+        _, accuracy = evaluate(torch.nn.Sequential(self.model.extractor, global_header), x, y)
+        return {"global-header": accuracy}
 
     def upload(self) -> Payload:
         lars = class_means(self.model.features, self.model, self.data.train_x,
