@@ -7,13 +7,11 @@ can check the whole federation (data present, architectures compatible) before a
 
 from __future__ import annotations
 
-import torch
-
 from client_models import HeteroModel, assign_architectures, build_model
 from fedapp.config import RunConfig
 from fedapp.data import TensorData, load_dataset
 from fedapp.partitions import Partition, PartitionError, PartitionSpec, get_partition
-from fedapp.training import derive_seed
+from fedapp.training import derive_seed, isolated_rng
 
 
 def dataset(cfg: RunConfig) -> TensorData:
@@ -43,9 +41,9 @@ def architectures(cfg: RunConfig) -> list[str]:
 def new_model(cfg: RunConfig, arch: str, input_shape: tuple[int, int, int], num_classes: int,
               *seed_parts: int | str) -> HeteroModel:
     """A freshly initialised model; its weights depend only on ``(seed, arch, *seed_parts)``."""
-    torch.manual_seed(derive_seed(cfg.seed, "model-init", arch, *seed_parts))
-    return build_model(arch, input_shape, num_classes,
-                       feature_dim=cfg.feature_dim or None, width=cfg.model_width)
+    with isolated_rng(derive_seed(cfg.seed, "model-init", arch, *seed_parts)):
+        return build_model(arch, input_shape, num_classes,
+                           feature_dim=cfg.feature_dim or None, width=cfg.model_width)
 
 
 def prepare(cfg: RunConfig) -> tuple[TensorData, Partition]:
