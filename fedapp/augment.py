@@ -5,8 +5,8 @@ per sample in the data loader: RandomResizedCrop(scale (0.2, 1)), RandomHorizont
 colour data ColorJitter(0.4, 0.4, 0.4, 0.1) with p = 0.8 and RandomGrayscale(p = 0.2). Here the
 whole mini-batch, already on the device, is augmented at once: each sample gets its own affine
 sampling grid (crop + flip in one ``F.affine_grid`` / ``F.grid_sample`` call) and its own jitter
-factors, with no per-sample Python loop. Randomness comes from torch's global generator, which
-the client seeds per (seed, partition, round), so views are reproducible.
+factors, with no per-sample Python loop. Every draw comes from the ``torch.Generator`` passed in
+(the client's, keyed by seed, partition and round), never from torch's global generator.
 """
 
 from __future__ import annotations
@@ -34,19 +34,26 @@ class ViewAugment:
     jitter_p: float = 0.8
     grayscale_p: float = 0.2
 
-    def __call__(self, x: Tensor) -> Tensor:
-        """One random view of every image in ``x [B, C, H, W]`` (same shape)."""
-        x = resized_crop_flip(x, self.crop_scale, self.crop_ratio, self.flip_p)
+    def __call__(self, x: Tensor, generator: torch.Generator) -> Tensor:
+        """One random view of every image in ``x [B, C, H, W]`` (same shape), drawn from
+        ``generator`` (on ``x``'s device)."""
+        x = resized_crop_flip(x, generator, self.crop_scale, self.crop_ratio, self.flip_p)
         if x.shape[1] == 3:  # colour jitter means nothing for grayscale images
-            x = color_jitter(x, self.jitter, self.jitter_p, self.grayscale_p)
+            x = color_jitter(x, generator, self.jitter, self.jitter_p, self.grayscale_p)
         return x
 
 
-def _uniform(n: int, low: float, high: float, device: torch.device) -> Tensor:
-    return torch.rand(n, device=device) * (high - low) + low
+def _rand(n: int, generator: torch.Generator, device: torch.device) -> Tensor:
+    return torch.rand(n, device=device, generator=generator)
 
 
-def resized_crop_flip(x: Tensor, scale: tuple[float, float] = (0.2, 1.0),
+def _uniform(n: int, low: float, high: float, generator: torch.Generator,
+             device: torch.device) -> Tensor:
+    return _rand(n, generator, device) * (high - low) + low
+
+
+def resized_crop_flip(x: Tensor, generator: torch.Generator,
+                      scale: tuple[float, float] = (0.2, 1.0),
                       ratio: tuple[float, float] = (3 / 4, 4 / 3), flip_p: float = 0.5) -> Tensor:
     """Per-sample random resized crop (area fraction in ``scale``, aspect ratio in ``ratio``,
     resized back to H x W with bilinear sampling) and horizontal flip with probability
@@ -56,16 +63,16 @@ def resized_crop_flip(x: Tensor, scale: tuple[float, float] = (0.2, 1.0),
     centre crop; here the crop's sides are clipped to the image instead, which keeps one draw
     per sample (no loop) and the same scale range."""
     b, device = x.shape[0], x.device
-    area = _uniform(b, *scale, device)
-    log_ratio = _uniform(b, math.log(ratio[0]), math.log(ratio[1]), device)
+    area = _uniform(b, *scale, generator, device)
+    log_ratio = _uniform(b, math.log(ratio[0]), math.log(ratio[1]), generator, device)
     aspect = torch.exp(log_ratio)
     # Crop width and height as fractions of the image's (affine_grid's unit is half the side).
     w = torch.sqrt(area * aspect).clamp(max=1.0)
     h = torch.sqrt(area / aspect).clamp(max=1.0)
     # Centre anywhere that keeps the crop inside the image: |c| <= 1 - side.
-    cx = (torch.rand(b, device=device) * 2 - 1) * (1 - w)
-    cy = (torch.rand(b, device=device) * 2 - 1) * (1 - h)
-    flip = torch.where(torch.rand(b, device=device) < flip_p, -1.0, 1.0)
+    cx = (_rand(b, generator, device) * 2 - 1) * (1 - w)
+    cy = (_rand(b, generator, device) * 2 - 1) * (1 - h)
+    flip = torch.where(_rand(b, generator, device) < flip_p, -1.0, 1.0)
     theta = torch.zeros(b, 2, 3, device=device, dtype=x.dtype)
     theta[:, 0, 0] = w * flip
     theta[:, 0, 2] = cx
@@ -80,7 +87,8 @@ def _gray(x: Tensor) -> Tensor:
     return (x * weights).sum(1, keepdim=True)
 
 
-def color_jitter(x: Tensor, strength: tuple[float, float, float] = (0.4, 0.4, 0.4),
+def color_jitter(x: Tensor, generator: torch.Generator,
+                 strength: tuple[float, float, float] = (0.4, 0.4, 0.4),
                  p: float = 0.8, grayscale_p: float = 0.2) -> Tensor:
     """Per-sample brightness, contrast and saturation jitter (factors in [1 - s, 1 + s]),
     applied to a sample with probability ``p``, then random grayscale with ``grayscale_p``.
@@ -89,10 +97,10 @@ def color_jitter(x: Tensor, strength: tuple[float, float, float] = (0.4, 0.4, 0.
     normalised values. Hue jitter (0.1 in the reference code) is left out: it needs an
     RGB -> HSV round trip and changes little at 0.1."""
     b, device = x.shape[0], x.device
-    apply = (torch.rand(b, device=device) < p).to(x.dtype).view(b, 1, 1, 1)
+    apply = (_rand(b, generator, device) < p).to(x.dtype).view(b, 1, 1, 1)
 
     def factor(s: float) -> Tensor:
-        f = _uniform(b, max(0.0, 1 - s), 1 + s, device).to(x.dtype).view(b, 1, 1, 1)
+        f = _uniform(b, max(0.0, 1 - s), 1 + s, generator, device).to(x.dtype).view(b, 1, 1, 1)
         return apply * f + (1 - apply)  # factor 1 = unchanged for samples not jittered
 
     brightness, contrast, saturation = strength
@@ -101,5 +109,5 @@ def color_jitter(x: Tensor, strength: tuple[float, float, float] = (0.4, 0.4, 0.
     x = (x - mean) * factor(contrast) + mean
     gray = _gray(x)
     x = (x - gray) * factor(saturation) + gray
-    to_gray = (torch.rand(b, device=device) < grayscale_p).view(b, 1, 1, 1)
+    to_gray = (_rand(b, generator, device) < grayscale_p).view(b, 1, 1, 1)
     return torch.where(to_gray, _gray(x).expand_as(x), x)

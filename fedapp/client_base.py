@@ -25,7 +25,8 @@ from fedapp.config import ConfigError, RunConfig
 from fedapp.local_data import expected_input, load_local_data
 from fedapp.partitions import ClientData, load_client_data
 from fedapp.payload import Payload, from_ndarrays, to_ndarrays
-from fedapp.training import derive_seed, evaluate, make_optimizer, pick_device, train_epochs
+from fedapp.training import (derive_seed, evaluate, isolated_rng, make_optimizer, pick_device,
+                             train_epochs)
 
 MODEL_STATE_KEY = "fedapp.model"
 VERSION_KEY = "fedapp.model-version"
@@ -199,25 +200,32 @@ class FedClient(NumPyClient):
     # -- the Flower side -----------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
         """Metrics that let the server tell clients apart (node ids are not partition ids)."""
-        return {"partition-id": self.partition_id, "arch": self.arch}
+        identity: dict[str, Any] = {"partition-id": self.partition_id, "arch": self.arch}
+        if self.data_dir:  # the server then bounds its claimed size by max-num-examples
+            identity["own-data"] = True
+        return identity
 
     def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
         return self.identity()
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         server_round = int(config.get("server-round", 0))
-        # Dropout, augmentations and batch order all follow (seed, partition id, round).
-        torch.manual_seed(derive_seed(self.cfg.seed, "fit", self.partition_id, server_round))
-        self.receive(from_ndarrays(parameters), server_round)
-        start = time.perf_counter()
-        stats = train_epochs(
-            self.model, self.data.train_x, self.data.train_y, loss_fn=self.loss,
-            optimizer=self.optimizer(), epochs=self.cfg.local_epochs, steps=self.local_steps(),
-            batch_size=self.cfg.batch_size, grad_clip=self.cfg.grad_clip,
-            generator=torch.Generator().manual_seed(
-                derive_seed(self.cfg.seed, "batches", self.partition_id, server_round)))
-        seconds = time.perf_counter() - start
-        upload = self.upload()
+        self.model  # restored (or built from its own seed) before any draw of this round
+        # Batch order and augmentations draw from generators keyed by (seed, partition id,
+        # round, purpose); dropout can only draw from torch's global generator, so training
+        # runs with it seeded from the same key and isolated from every other stream.
+        with isolated_rng(derive_seed(self.cfg.seed, "fit", self.partition_id, server_round),
+                          self.device):
+            self.receive(from_ndarrays(parameters), server_round)
+            start = time.perf_counter()
+            stats = train_epochs(
+                self.model, self.data.train_x, self.data.train_y, loss_fn=self.loss,
+                optimizer=self.optimizer(), epochs=self.cfg.local_epochs,
+                steps=self.local_steps(), batch_size=self.cfg.batch_size,
+                grad_clip=self.cfg.grad_clip, generator=torch.Generator().manual_seed(
+                    derive_seed(self.cfg.seed, "batches", self.partition_id, server_round)))
+            seconds = time.perf_counter() - start
+            upload = self.upload()
         self.save_state()
         metrics = {**self.identity(), "train-loss": stats.loss, "train-seconds": seconds,
                    "train-samples": stats.samples}

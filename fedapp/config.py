@@ -97,6 +97,15 @@ class RunConfig:
     # -- evaluation
     eval_global_test: bool = _opt(False, "also evaluate every client on the global test set")
     global_test_samples: int = _opt(0, "global test subset size (0 = all)", low=0)
+    # -- robustness against bad uploads
+    upload_max_abs: float = _opt(
+        1e4, "largest magnitude a float in an upload may have; larger is refused as out of "
+        "scale (honest models, representations and logits stay far below it)",
+        low=0.0, low_open=True)
+    max_num_examples: int = _opt(
+        0, "largest training-set size a client with its own data-dir may claim (its weight in "
+        "averages); 0 = the size of the run's training set. Clients on the run's partition "
+        "must claim exactly their partition's size", low=0)
     # -- runtime
     client_num_cpus: int = _opt(1, "simulation: CPUs reserved per virtual client", low=1)
     client_num_gpus: float = _opt(0.0, "simulation: GPU fraction per virtual client", low=0.0)

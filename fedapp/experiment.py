@@ -33,6 +33,11 @@ def partition_spec(cfg: RunConfig) -> PartitionSpec:
         label_permutation=cfg.label_permutation)
 
 
+def partition(cfg: RunConfig) -> Partition:
+    """The run's partition of its dataset (cached per process by ``get_partition``)."""
+    return get_partition(dataset(cfg), partition_spec(cfg))
+
+
 def architectures(cfg: RunConfig) -> list[str]:
     """The architecture of every client, indexed by partition id."""
     return assign_architectures(cfg.architectures, cfg.num_clients, cfg.arch_assignment, cfg.seed)
@@ -55,7 +60,7 @@ def prepare(cfg: RunConfig) -> tuple[TensorData, Partition]:
     from fedapp.config import ConfigError
     data = dataset(cfg)
     try:
-        partition = get_partition(data, partition_spec(cfg))
+        split = partition(cfg)
     except PartitionError as exc:
         raise ConfigError(f"the partition settings do not fit {cfg.dataset}: {exc}") from None
     for arch in sorted(set(cfg.architectures)):
@@ -64,4 +69,4 @@ def prepare(cfg: RunConfig) -> tuple[TensorData, Partition]:
         except ModelConfigError as exc:
             raise ConfigError(f"architecture {arch!r} cannot run on {cfg.dataset} "
                               f"{data.input_shape}: {exc}") from None
-    return data, partition
+    return data, split

@@ -15,6 +15,7 @@ names tensor), so both can be reported honestly.
 from __future__ import annotations
 
 import io
+import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -27,6 +28,9 @@ TENSOR_TYPE = "fedapp.named-ndarrays"
 # dtypes are refused: they are either pickles in disguise or nothing a method needs.
 ALLOWED_KINDS = {"f", "i", "u", "b"}
 MAX_ARRAYS = 4096
+# Integers that travel are labels, counts and BatchNorm's step counter: none comes near 2^31,
+# and keeping them there keeps every sum and float64 average of them exact.
+MAX_ABS_INT = 2**31
 
 
 class PayloadError(ValueError):
@@ -95,8 +99,15 @@ def encode(payload: Mapping[str, np.ndarray]) -> Parameters:
                       tensor_type=TENSOR_TYPE)
 
 
-def decode(parameters: Parameters) -> Payload:
-    """Flower ``Parameters`` -> payload, never unpickling; malformed input -> PayloadError."""
+def decode(parameters: Parameters, max_abs: float = math.inf) -> Payload:
+    """Flower ``Parameters`` -> payload in the wire dtypes, never unpickling.
+
+    Whatever dtype and byte order a sender chose, float arrays come back as native float32
+    and integer arrays as native int64, so that no upload decides the precision or byte order
+    of what the server computes. Refused with PayloadError: anything that is not a plain
+    numeric .npy array, NaN or infinite values, a float of magnitude above ``max_abs`` (out of
+    scale for any honest model, representation or logit; see the ``upload-max-abs`` setting),
+    and an integer beyond +-2^31."""
     if len(parameters.tensors) > MAX_ARRAYS + 1:
         raise PayloadError(f"too many tensors ({len(parameters.tensors)})")
     arrays = []
@@ -106,10 +117,30 @@ def decode(parameters: Parameters) -> Payload:
         except Exception as exc:  # np.load raises ValueError, EOFError, OSError, ...
             raise PayloadError(f"tensor {i} is not a plain .npy array ({exc})") from None
     payload = from_ndarrays(arrays)
-    for name, array in payload.items():
-        if array.dtype.kind not in ALLOWED_KINDS:
-            raise PayloadError(f"array {name!r} has dtype {array.dtype}, not a numeric dtype")
-    return payload
+    return {name: _to_wire_dtype(name, array, max_abs) for name, array in payload.items()}
+
+
+def _to_wire_dtype(name: str, array: np.ndarray, max_abs: float) -> np.ndarray:
+    kind = array.dtype.kind
+    if kind not in ALLOWED_KINDS:
+        raise PayloadError(f"array {name!r} has dtype {array.dtype}, not a numeric dtype")
+    if kind == "b":
+        return array.astype(np.bool_)
+    if kind == "f":
+        # Checked in float64 before the cast: a longdouble or float64 beyond float32's range
+        # would otherwise turn into inf silently, or into a finite but absurd value.
+        with np.errstate(over="ignore", invalid="ignore"):
+            wide = array.astype(np.float64)
+        if not np.all(np.isfinite(wide)):
+            raise PayloadError(f"array {name!r} holds NaN or infinite values")
+        if wide.size and float(np.abs(wide).max()) > max_abs:
+            raise PayloadError(f"array {name!r} holds values of magnitude up to "
+                               f"{float(np.abs(wide).max()):.3g}, above upload-max-abs = "
+                               f"{max_abs:g}")
+        return wide.astype(np.float32)
+    if array.size and (int(array.min()) < -MAX_ABS_INT or int(array.max()) > MAX_ABS_INT):
+        raise PayloadError(f"array {name!r} holds integers beyond +-2^31")
+    return array.astype(np.int64)
 
 
 def wire_size(parameters: Parameters) -> WireSize:
@@ -126,7 +157,8 @@ def wire_size(parameters: Parameters) -> WireSize:
                            (2, 0): np.lib.format.read_array_header_2_0}[
                 np.lib.format.read_magic(buf)]
             shape, _, dtype = read_header(buf)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            # Python ints: a header claiming (2^62, 3) must not wrap around to a negative size.
+            nbytes = math.prod(int(n) for n in shape) * dtype.itemsize
         except Exception:
             continue  # an unreadable tensor is all framing as far as the papers' count goes
         # A header may claim more than the blob holds; count only what really came.

@@ -15,6 +15,7 @@ optionally :meth:`FedStrategy.check_upload` or :meth:`FedStrategy.validate_uploa
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +46,7 @@ class ClientInfo:
 
     partition_id: int
     arch: str
+    own_data: bool = False  # a deployed node training on its own data-dir, not the partition
 
 
 @dataclass(frozen=True)
@@ -57,9 +59,36 @@ class Upload:
     metrics: Mapping[str, Scalar]
 
 
+def _number(value: Any, low: float = -math.inf, high: float = math.inf) -> float | None:
+    """``value`` as a finite float in ``[low, high]``, or None (bools are not numbers)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and low <= value <= high else None
+
+
 def _seconds(metrics: Mapping[str, Any], key: str) -> float:
-    value = metrics.get(key, 0.0)
-    return float(value) if isinstance(value, (int, float)) and value >= 0 else 0.0
+    return _number(metrics.get(key, 0.0), low=0.0) or 0.0
+
+
+def clean_eval_metrics(metrics: Mapping[str, Scalar]) -> dict[str, Scalar]:
+    """The evaluation metrics that may reach the results, checked: ``accuracy`` must be a
+    number in [0, 1] (else PayloadError: the evaluation is ignored); other accuracies
+    (``global-accuracy``, ``accuracy-<variant>``) likewise, losses and seconds finite and
+    non-negative — an optional metric that is not is dropped. Whatever is kept is JSON-safe."""
+    if _number(metrics.get("accuracy"), 0.0, 1.0) is None:
+        raise PayloadError(f"accuracy {metrics.get('accuracy')!r} is not a number in [0, 1]")
+    clean: dict[str, Scalar] = {}
+    for key, value in metrics.items():
+        if key in ("partition-id", "arch", "own-data"):
+            clean[key] = value
+        elif key == "accuracy" or key == "global-accuracy" or key.startswith("accuracy-"):
+            if (number := _number(value, 0.0, 1.0)) is not None:
+                clean[key] = number
+        elif key.endswith("-loss") or key.endswith("-seconds"):
+            if (number := _number(value, low=0.0)) is not None:
+                clean[key] = number
+    return clean
 
 
 class _Encoder:
@@ -72,7 +101,14 @@ class _Encoder:
     def __call__(self, payload: Payload) -> tuple[Parameters, WireSize]:
         hit = self._done.get(id(payload))
         if hit is None or hit[0] is not payload:
-            params = encode(float32(payload))
+            payload_32 = float32(payload)
+            broken = [k for k, v in payload_32.items() if v.dtype.kind == "f"
+                      and not np.all(np.isfinite(v))]
+            if broken:
+                # Never send NaN to every client: stop here, naming what broke.
+                raise RoundFailed(f"the server's state holds NaN or infinite values in "
+                                  f"{broken}; the run cannot go on")
+            params = encode(payload_32)
             hit = self._done[id(payload)] = (payload, params, wire_size(params))
         return hit[1], hit[2]
 
@@ -128,6 +164,35 @@ class FedStrategy(Strategy):
     def new_model(self, arch: str) -> HeteroModel:
         """A model of ``arch`` initialised from the seed (for server-side initial weights)."""
         return experiment.new_model(self.cfg, arch, self.input_shape, self.num_classes, "server")
+
+    @functools.cached_property
+    def train_sizes(self) -> list[int]:
+        """Every partition's training-set size, as the server computes it from the run config
+        (the same partition the clients compute; cached per process)."""
+        partition = experiment.partition(self.cfg)
+        return [len(client.train) for client in partition.clients]
+
+    def examples_bound(self, client: ClientInfo) -> int:
+        """The most training examples ``client`` can honestly have: its partition's size, or
+        for a node with its own data the ``max-num-examples`` setting (0 = the run's whole
+        training set). Weights and counts a client claims are checked against it."""
+        if not client.own_data:
+            return self.train_sizes[client.partition_id]
+        return self.cfg.max_num_examples or sum(self.train_sizes)
+
+    def check_num_examples(self, num_examples: Any, client: ClientInfo) -> None:
+        """A client's claimed training-set size is its weight in every average: it must be
+        its partition's size exactly, or, with its own data, within :meth:`examples_bound`."""
+        if not isinstance(num_examples, int) or isinstance(num_examples, bool) \
+                or num_examples < 1:
+            raise PayloadError(f"num_examples={num_examples!r} is not a positive integer")
+        bound = self.examples_bound(client)
+        if client.own_data and num_examples > bound:
+            raise PayloadError(f"num_examples={num_examples} is more than a client with its own "
+                               f"data may claim (max-num-examples: {bound})")
+        if not client.own_data and num_examples != bound:
+            raise PayloadError(f"num_examples={num_examples}, but partition "
+                               f"{client.partition_id} has {bound} training examples")
 
     def label_spec(self, count: int | None = None) -> ArraySpec:
         """Spec of a vector of class labels in ``[0, C)``."""
@@ -207,10 +272,9 @@ class FedStrategy(Strategy):
                     raise PayloadError(f"partition {client.partition_id} already uploaded in "
                                        "this round")
                 seen.add(client.partition_id)
-                payload = decode(res.parameters)
+                self.check_num_examples(res.num_examples, client)
+                payload = decode(res.parameters, max_abs=self.cfg.upload_max_abs)
                 self.validate_upload(payload, client)
-                if not isinstance(res.num_examples, int) or res.num_examples < 1:
-                    raise PayloadError(f"num_examples={res.num_examples!r} is not positive")
             except PayloadError as exc:
                 self._counts["rejected"] += 1
                 log(WARNING, "round %s: rejected the upload of client %s: %s", server_round,
@@ -241,7 +305,7 @@ class FedStrategy(Strategy):
         if arch != self.architectures[pid]:
             raise PayloadError(f"partition {pid} reports architecture {arch!r}, the run config "
                                f"gives it {self.architectures[pid]!r}")
-        info = ClientInfo(pid, arch)
+        info = ClientInfo(pid, arch, metrics.get("own-data", False) is True)
         known = self.clients.setdefault(proxy.cid, info)
         if known != info:
             raise PayloadError(f"client {proxy.cid} was partition {known.partition_id} "
@@ -269,14 +333,12 @@ class FedStrategy(Strategy):
         for proxy, res in results:
             try:
                 client = self._identify(proxy, res.metrics)
-                acc = res.metrics.get("accuracy")
-                if not isinstance(acc, float) or not 0.0 <= acc <= 1.0:
-                    raise PayloadError(f"accuracy {acc!r} is not a number in [0, 1]")
+                metrics = clean_eval_metrics(res.metrics)
             except PayloadError as exc:
                 log(WARNING, "round %s: ignored the evaluation of client %s: %s", server_round,
                     proxy.cid, exc)
                 continue
-            evals.append({**res.metrics, "partition-id": client.partition_id})
+            evals.append({**metrics, "partition-id": client.partition_id})
         for failure in failures:
             log(WARNING, "round %s: a client failed during evaluation: %r", server_round,
                 failure if isinstance(failure, BaseException) else failure[1].status.message)

@@ -154,6 +154,9 @@ class FedClassAvgClient(LgFedAvgClient):
     augment_views = ViewAugment()
 
     def receive(self, payload: Payload, server_round: int) -> None:
+        # The views of this round, keyed by (seed, partition, round) like every random stream.
+        self.view_generator = torch.Generator(device=self.device).manual_seed(
+            derive_seed(self.cfg.seed, "views", self.partition_id, server_round))
         if self.cfg.settings.warmup and server_round >= 1 and not self._has_trained():
             self._warm_up(server_round)
         super().receive(payload, server_round)
@@ -180,7 +183,7 @@ class FedClassAvgClient(LgFedAvgClient):
                               c.weight_decay, betas=(s.adam_beta1, s.adam_beta2))
 
     def _views(self, x: Tensor) -> Tensor:
-        return self.augment_views(x) if self.cfg.settings.augment else x
+        return self.augment_views(x, self.view_generator) if self.cfg.settings.augment else x
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         s = self.cfg.settings

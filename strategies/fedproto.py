@@ -32,7 +32,9 @@ from fedapp.config import opt
 from fedapp.payload import ArraySpec, Payload, PayloadError, validate
 from fedapp.strategy_base import ClientInfo, FedStrategy, Upload
 
-UPLOAD_NAME = re.compile(r"class-(\d+)/n-(\d+)")
+# Labels and counts in canonical ASCII decimal only: "03" or a non-ASCII digit would name the
+# same class twice under another spelling, and the length caps keep int() cheap and bounded.
+UPLOAD_NAME = re.compile(r"class-(0|[1-9][0-9]{0,8})/n-([1-9][0-9]{0,17})", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -119,19 +121,27 @@ class FedProto(FedStrategy):
 
     def validate_upload(self, payload: Payload, client: ClientInfo) -> None:
         # The names carry label and count, so the spec is built from them, after checking them.
-        specs = {}
+        specs, labels, total = {}, set(), 0
         for name in payload:
             match = UPLOAD_NAME.fullmatch(name)
             if match is None:
                 raise PayloadError(f"array name {name!r} is not 'class-<label>/n-<count>'")
             label, count = int(match.group(1)), int(match.group(2))
-            if not 0 <= label < self.num_classes or count < 1:
-                raise PayloadError(f"array {name!r}: label must be in [0, {self.num_classes}) "
-                                   "and count >= 1")
+            if not label < self.num_classes:
+                raise PayloadError(f"array {name!r}: label must be in [0, {self.num_classes})")
+            if label in labels:
+                raise PayloadError(f"class {label} appears twice")
+            labels.add(label)
+            total += count
             specs[name] = ArraySpec((self.feature_dim,))
-        labels = [UPLOAD_NAME.fullmatch(n).group(1) for n in payload]
-        if not payload or len(set(labels)) != len(labels):
-            raise PayloadError("expected one prototype per local class, each class once")
+        if not payload:
+            raise PayloadError("expected one prototype per local class")
+        # The counts weight the global prototypes: together they cannot exceed the client's
+        # training set, as far as the server knows it.
+        if total > self.examples_bound(client):
+            raise PayloadError(f"class counts sum to {total}, more than the "
+                               f"{self.examples_bound(client)} training examples of partition "
+                               f"{client.partition_id}")
         validate(payload, specs)
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:

@@ -36,10 +36,17 @@ def cfg_of(**overrides):
     return load_config({k.replace("_", "-"): v for k, v in overrides.items()})
 
 
-def make_strategy(method, recorder=None, input_shape=(1, 28, 28), num_classes=10, **overrides):
+def make_strategy(method, recorder=None, input_shape=(1, 28, 28), num_classes=10, sizes=None,
+                  **overrides):
+    """A method's strategy for a run config of ``overrides``; ``sizes`` replaces the training-set
+    sizes the server computes from the partition (what clients must claim as num_examples), so
+    that hand-built replies can carry weights of the test's choosing."""
     cfg = cfg_of(method=method, **overrides)
-    return METHODS[method].strategy(cfg, recorder, input_shape=input_shape,
-                                    num_classes=num_classes)
+    strategy = METHODS[method].strategy(cfg, recorder, input_shape=input_shape,
+                                        num_classes=num_classes)
+    if sizes is not None:
+        strategy.train_sizes = list(sizes)
+    return strategy
 
 
 def client_manager(strategy, identities=None):

@@ -41,14 +41,15 @@ def test_classifier_of_5130_floats_each_way_and_weighted_average(rng, tmp_path):
     recorder = Recorder(tmp_path / "run", method="fedclassavg", dataset="fmnist", num_clients=3,
                         num_rounds=1, config={}, partition={})
     # The shared default feature-dim (500, FedGH's) is replaced by the paper's 512.
-    strategy = make_strategy("fedclassavg", recorder, num_clients=3, arch_mix="cnn3,cnn4,cnn5")
+    counts = [30, 60, 210]
+    strategy = make_strategy("fedclassavg", recorder, num_clients=3, arch_mix="cnn3,cnn4,cnn5",
+                             sizes=counts)
     assert strategy.cfg.feature_dim == 512
     manager, proxies = client_manager(strategy)
     for _, ins in strategy.configure_fit(1, None, manager):
         assert wire_size(ins.parameters).data == 5130 * 4
         assert {k: v.shape for k, v in decode(ins.parameters).items()} == CLASSIFIER
     uploads = _classifiers(rng, 3)
-    counts = [30, 60, 210]
     strategy.aggregate_fit(1, [(p, fit_res(c, n, i, a)) for i, (p, c, n, a) in enumerate(
         zip(proxies, uploads, counts, ["cnn3", "cnn4", "cnn5"]))], [])
     for name in CLASSIFIER:
@@ -210,13 +211,18 @@ def test_adam_betas_must_be_below_one():
 
 # -- augmentations --------------------------------------------------------------------------------
 
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
 def test_augmentations_keep_shape_and_follow_the_seed():
     x = torch.randn(6, 3, 32, 32)
-    torch.manual_seed(0)
-    a = ViewAugment()(x)
-    torch.manual_seed(0)
-    b = ViewAugment()(x)
-    c = ViewAugment()(x)
+    a = ViewAugment()(x, gen(0))
+    torch.manual_seed(123)  # the global generator plays no part
+    b = ViewAugment()(x, gen(0))
+    g = gen(0)
+    ViewAugment()(x, g)
+    c = ViewAugment()(x, g)
     assert a.shape == x.shape and torch.equal(a, b) and not torch.equal(a, c)
     assert not torch.allclose(a[0], a[1]) and torch.isfinite(a).all()
 
@@ -224,27 +230,27 @@ def test_augmentations_keep_shape_and_follow_the_seed():
 def test_crop_with_full_scale_is_the_identity_and_flip_flips():
     x = torch.randn(4, 1, 28, 28)
     full = dict(scale=(1.0, 1.0), ratio=(1.0, 1.0))
-    torch.testing.assert_close(resized_crop_flip(x, **full, flip_p=0.0), x)
-    torch.testing.assert_close(resized_crop_flip(x, **full, flip_p=1.0), x.flip(-1))
+    torch.testing.assert_close(resized_crop_flip(x, gen(), **full, flip_p=0.0), x)
+    torch.testing.assert_close(resized_crop_flip(x, gen(), **full, flip_p=1.0), x.flip(-1))
 
 
 def test_small_crops_zoom_in():
     # A crop of 1/4 of the area of a ramp image spans half its range of values.
     ramp = torch.linspace(0, 1, 32).repeat(32, 1)[None, None].repeat(8, 1, 1, 1)
-    out = resized_crop_flip(ramp, scale=(0.25, 0.25), ratio=(1.0, 1.0), flip_p=0.0)
+    out = resized_crop_flip(ramp, gen(), scale=(0.25, 0.25), ratio=(1.0, 1.0), flip_p=0.0)
     spans = out.amax(dim=(1, 2, 3)) - out.amin(dim=(1, 2, 3))
     torch.testing.assert_close(spans, torch.full((8,), 0.5), atol=0.05, rtol=0)
 
 
 def test_colour_jitter_bounds_and_grayscale_only_touches_colour():
     x = torch.randn(5, 3, 8, 8)
-    torch.testing.assert_close(color_jitter(x, (0.0, 0.0, 0.0), p=1.0, grayscale_p=0.0), x)
-    torch.testing.assert_close(color_jitter(x, (0.4, 0.4, 0.4), p=0.0, grayscale_p=0.0), x)
-    gray = color_jitter(x, (0.0, 0.0, 0.0), p=0.0, grayscale_p=1.0)
+    for strength, p in (((0.0, 0.0, 0.0), 1.0), ((0.4, 0.4, 0.4), 0.0)):
+        torch.testing.assert_close(color_jitter(x, gen(), strength, p=p, grayscale_p=0.0), x)
+    gray = color_jitter(x, gen(), (0.0, 0.0, 0.0), p=0.0, grayscale_p=1.0)
     assert torch.equal(gray[:, 0], gray[:, 1]) and torch.equal(gray[:, 1], gray[:, 2])
     one_channel = torch.randn(5, 1, 8, 8)
-    torch.manual_seed(1)
-    view = ViewAugment(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0)(one_channel)
+    view = ViewAugment(crop_scale=(1.0, 1.0), crop_ratio=(1.0, 1.0), flip_p=0.0)(one_channel,
+                                                                               gen(1))
     torch.testing.assert_close(view, one_channel)  # no jitter for grayscale data
 
 

@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from fedapp.config import ConfigError
-from fedapp.payload import decode
+from flwr.common import parameters_to_ndarrays
+
+from fedapp.payload import decode, from_ndarrays
 from fedapp.results import Recorder
 from strategies import load_config
 from strategies.fedgh import FedGHSettings, train_header
@@ -46,7 +48,7 @@ def test_local_averaged_representations_are_exact_class_means_after_training():
     model.eval()
     with torch.no_grad():
         z = model.features(data.train_x)
-    payload = decode(uploads[0][1].parameters)
+    payload = from_ndarrays(parameters_to_ndarrays(uploads[0][1].parameters))  # as uploaded
     labels = sorted(set(data.train_y.tolist()))
     assert payload["labels"].tolist() == labels and payload["labels"].dtype == np.int32
     for row, c in zip(payload["representations"], labels):

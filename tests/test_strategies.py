@@ -20,7 +20,7 @@ def test_lg_fedavg_moves_exactly_the_head_each_way(rng, tmp_path):
     recorder = Recorder(tmp_path / "run", method="lg-fedavg", dataset="fmnist", num_clients=3,
                         num_rounds=1, config={}, partition={})
     strategy = make_strategy("lg-fedavg", recorder, num_clients=3, feature_dim=500,
-                             arch_mix="cnn1,cnn2,cnn3")
+                             arch_mix="cnn1,cnn2,cnn3", sizes=[100, 200, 700])
     manager, proxies = client_manager(strategy)
     instructions = strategy.configure_fit(1, None, manager)
     assert len(instructions) == 3
@@ -49,7 +49,7 @@ def test_lg_fedavg_moves_exactly_the_head_each_way(rng, tmp_path):
 
 
 def test_bad_uploads_are_rejected_and_the_round_goes_on(rng, caplog):
-    strategy = make_strategy("lg-fedavg", num_clients=5, arch_mix="cnn1")
+    strategy = make_strategy("lg-fedavg", num_clients=5, arch_mix="cnn1", sizes=[50] * 5)
     manager, proxies = client_manager(strategy)
     strategy.configure_fit(1, None, manager)
     good = _heads(rng, 1)[0]
@@ -83,7 +83,8 @@ def test_a_round_with_no_usable_update_fails_loudly():
 
 
 def test_fedavg_averages_the_whole_model_weighted_by_samples(rng):
-    strategy = make_strategy("fedavg", num_clients=2, arch_mix="cnn5", feature_dim=500)
+    strategy = make_strategy("fedavg", num_clients=2, arch_mix="cnn5", feature_dim=500,
+                             sizes=[30, 10])
     manager, proxies = client_manager(strategy)
     [(_, ins), _] = strategy.configure_fit(1, None, manager)
     sent = decode(ins.parameters)
@@ -103,7 +104,7 @@ def test_fedavg_averages_the_whole_model_weighted_by_samples(rng):
 
 
 def test_standalone_moves_nothing(rng):
-    strategy = make_strategy("standalone", num_clients=2)
+    strategy = make_strategy("standalone", num_clients=2, sizes=[10, 10])
     manager, proxies = client_manager(strategy)
     instructions = strategy.configure_fit(1, None, manager)
     assert all(wire_size(ins.parameters).total == 0 for _, ins in instructions)
@@ -126,7 +127,7 @@ def test_sampling_is_deterministic_and_respects_fraction():
 
 def test_a_partition_uploading_twice_in_a_round_counts_once(rng):
     # Two nodes that both claim partition 0 (a misconfigured deployment, or a forger).
-    strategy = make_strategy("lg-fedavg", num_clients=2, arch_mix="cnn1")
+    strategy = make_strategy("lg-fedavg", num_clients=2, arch_mix="cnn1", sizes=[10, 10])
     manager, proxies = client_manager(strategy, [{"partition-id": 0, "arch": "cnn1"}] * 2)
     strategy.configure_fit(1, None, manager)
     a, b = _heads(rng, 2)
@@ -156,7 +157,7 @@ def test_clients_are_identified_first_and_ordered_by_partition_not_node_id():
 
 
 def test_a_client_cannot_change_identity_midway(rng):
-    strategy = make_strategy("lg-fedavg", num_clients=2, arch_mix="cnn1")
+    strategy = make_strategy("lg-fedavg", num_clients=2, arch_mix="cnn1", sizes=[10, 10])
     manager, proxies = client_manager(strategy)
     strategy.configure_fit(1, None, manager)
     a, b = _heads(rng, 2)
