@@ -42,7 +42,10 @@ def format_accuracy(mean: float | None, std: float | None) -> str:
 def write_json(path: Path, obj: Any) -> None:
     """Write ``obj`` as pretty JSON atomically (a reader never sees half a file)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+    # allow_nan=False: NaN is not JSON; metrics are checked before they get here, so a
+    # non-finite value is a bug to report, not a file to write that no JSON reader accepts.
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=_json_default,
+                              allow_nan=False) + "\n")
     tmp.replace(path)
 
 
@@ -74,7 +77,7 @@ class Recorder:
         """Append one round's record; return the progress line for it."""
         self.history.append(record)
         with open(self.run_dir / "rounds.jsonl", "a") as fh:
-            fh.write(json.dumps(record, default=_json_default) + "\n")
+            fh.write(json.dumps(record, default=_json_default, allow_nan=False) + "\n")
         # The first round carries the start-up (Ray actors, imports): estimate from the rest.
         recent = [h["seconds"] for h in self.history[1:][-5:]] or [record["seconds"]]
         eta = float(np.mean(recent)) * (self.num_rounds - record["round"])
