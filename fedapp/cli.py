@@ -167,6 +167,22 @@ def _run_status(env: dict, run_id: str) -> str:
     return "unknown (run not listed)"
 
 
+def resume_settings(run_dir: Path, args: argparse.Namespace) -> tuple[dict, dict]:
+    """The settings of the run in ``run_dir`` (its ``config.json``), to continue it after its
+    last checkpoint: same folder, same everything, ``resume = true``."""
+    if args.preset or args.set or args.output_dir:
+        raise ConfigError("--resume continues a run with its own settings: give no preset, "
+                          "--set or --output-dir with it.")
+    try:
+        saved = json.loads((run_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"--resume {run_dir}: not a run folder ({exc})") from None
+    defaults = pyproject_defaults()
+    flat = {**defaults, **saved, "resume": True,
+            "output-dir": str(run_dir.resolve().parent), "run-name": run_dir.resolve().name}
+    return flat, {k: v for k, v in flat.items() if defaults.get(k) != v}
+
+
 def resolve_run(args: argparse.Namespace, *, check_data: bool = True
                 ) -> tuple[Any, dict[str, Any], Path]:
     """(validated config, the settings to send as overrides, run folder) of ``fedapp run`` /
@@ -176,7 +192,10 @@ def resolve_run(args: argparse.Namespace, *, check_data: bool = True
     from a copy of the app in another directory and must write where this command looks."""
     from strategies import load_config
 
-    flat, changed = resolve_settings(args.preset, args.set)
+    if getattr(args, "resume", None):
+        flat, changed = resume_settings(Path(args.resume), args)
+    else:
+        flat, changed = resolve_settings(args.preset, args.set)
     output_dir = Path(args.output_dir or flat["output-dir"] or "results").expanduser()
     flat["output-dir"] = changed["output-dir"] = str(output_dir.resolve())
     if not flat["run-name"]:
@@ -346,6 +365,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help='override a setting (TOML value: --set method="fedavg")')
     run.add_argument("--output-dir", help="results root (default: ./results)")
     run.add_argument("--verbose", action="store_true", help="show Flower's whole log")
+    run.add_argument("--resume", metavar="RUN_DIR",
+                     help="continue a run started with checkpoint-every > 0 after its last "
+                          "checkpoint (its own settings, same folder)")
     run.set_defaults(func=cmd_run)
     compare = sub.add_parser("compare", help="plot and tabulate several finished runs")
     compare.add_argument("runs", nargs="+", help="run folders (each with a summary.json)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
+from pathlib import Path
 from collections import OrderedDict
 from typing import Any, Mapping
 
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.client import NumPyClient
 
-from fedapp import experiment
+from fedapp import checkpoint, experiment
 from fedapp.config import ConfigError, RunConfig
 from fedapp.local_data import expected_input, load_local_data
 from fedapp.partitions import ClientData, load_client_data
@@ -30,12 +31,17 @@ from fedapp.training import (derive_seed, evaluate, isolated_rng, make_optimizer
 
 MODEL_STATE_KEY = "fedapp.model"
 VERSION_KEY = "fedapp.model-version"
+ROUND_KEY = "fedapp.round"  # the round after which context.state was last saved
 # Built models kept per process: rebuilding (and re-initialising) a model for every message
 # costs more than a round of training on small shards. A cached model is used as it is only
 # when its version matches the one saved in context.state; otherwise the state is loaded into
 # it. Bounded, so a process serving many virtual clients does not hoard memory.
 _MODEL_CACHE: OrderedDict[tuple, tuple[int, torch.nn.Module]] = OrderedDict()
 MODEL_CACHE_SIZE = 16
+
+
+class InjectedFault(RuntimeError):
+    """A crash asked for by the ``fault-crash-fraction`` setting."""
 
 
 def state_arrays(model: torch.nn.Module, names: list[str] | None = None) -> Payload:
@@ -108,6 +114,10 @@ class FedClient(NumPyClient):
         # Deployment only: a SuperNode may name its device and bring its own data folder.
         self.device = pick_device(str(node.get("device", "")))
         self.data_dir = str(node.get("data-dir", ""))
+        # Where checkpoints keep this client: a deployed node's own state-dir (one sub-folder
+        # per run), else the run folder the server names in its messages (simulation).
+        self.state_dir = (str(Path(str(node["state-dir"])) / cfg.run_name)
+                          if node.get("state-dir") else "")
         self.arch = experiment.architectures(cfg)[self.partition_id]
 
     # Data and model are loaded on first use, so that answering the server's "who are you?"
@@ -208,8 +218,35 @@ class FedClient(NumPyClient):
     def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
         return self.identity()
 
+    def inject_faults(self, server_round: int) -> None:
+        """Crash or stall on purpose (``fault-*`` settings), drawn per (seed, partition,
+        round), so that the same clients fail in the same rounds of every run."""
+        c = self.cfg
+        if not (c.fault_crash_fraction or c.fault_stall_fraction):
+            return
+        crash, stall = np.random.default_rng(
+            derive_seed(c.seed, "faults", self.partition_id, server_round)).random(2)
+        if crash < c.fault_crash_fraction:
+            raise InjectedFault(f"partition {self.partition_id} crashes in round {server_round} "
+                                f"on purpose (fault-crash-fraction = {c.fault_crash_fraction})")
+        if stall < c.fault_stall_fraction:
+            time.sleep(c.fault_stall_seconds)
+
+    def _recover_state(self, config: dict[str, Any], up_to_round: int) -> None:
+        """In a resumed run, a client whose ``context.state`` is still empty takes its state as
+        of ``up_to_round`` from its state folder (within one run ``context.state`` is kept by
+        Flower and is always newer)."""
+        self.state_dir = self.state_dir or str(config.get("state-dir", ""))
+        if not (self.cfg.resume and self.state_dir) or ROUND_KEY in self.context.state:
+            return
+        saved = checkpoint.load_client(Path(self.state_dir), self.partition_id, up_to_round)
+        for key, record in (saved or {}).items():
+            self.context.state[key] = record
+
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         server_round = int(config.get("server-round", 0))
+        self.inject_faults(server_round)
+        self._recover_state(config, server_round - 1)
         self.model  # restored (or built from its own seed) before any draw of this round
         # Batch order and augmentations draw from generators keyed by (seed, partition id,
         # round, purpose); dropout can only draw from torch's global generator, so training
@@ -226,13 +263,14 @@ class FedClient(NumPyClient):
                     derive_seed(self.cfg.seed, "batches", self.partition_id, server_round)))
             seconds = time.perf_counter() - start
             upload = self.upload()
-        self.save_state()
+        self.save_state(server_round)
         metrics = {**self.identity(), "train-loss": stats.loss, "train-seconds": seconds,
                    "train-samples": stats.samples}
         return to_ndarrays(upload), len(self.data.train_y), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         start = time.perf_counter()
+        self._recover_state(config, int(config.get("server-round", 0)))
         changed = self.receive_for_evaluation(from_ndarrays(parameters))
         loss, accuracy = evaluate(self.model, self.data.test_x, self.data.test_y)
         variants = (self.evaluation_variants(self.data.test_x, self.data.test_y)
@@ -252,11 +290,16 @@ class FedClient(NumPyClient):
         metrics["eval-seconds"] = time.perf_counter() - start
         return loss, len(self.data.test_y), metrics
 
-    def save_state(self) -> None:
-        """Keep the private model for the next round (the client object is discarded)."""
+    def save_state(self, server_round: int) -> None:
+        """Keep the private model for the next round (the client object is discarded), and,
+        with checkpoints on, the whole ``context.state`` in the state folder."""
         state = self.context.state
         version = (int(state[VERSION_KEY]["version"]) if VERSION_KEY in state else 0) + 1
         state[MODEL_STATE_KEY] = ArrayRecord(
             torch_state_dict={k: v.detach().cpu() for k, v in self.model.state_dict().items()})
         state[VERSION_KEY] = ConfigRecord({"version": version})
+        state[ROUND_KEY] = ConfigRecord({"round": server_round})
+        if self.state_dir and self.cfg.checkpoint_every:
+            checkpoint.save_client(Path(self.state_dir), self.partition_id, server_round, state,
+                                   self.cfg.checkpoint_every)
         self._cache_model(version)

@@ -106,6 +106,25 @@ class RunConfig:
         0, "largest training-set size a client with its own data-dir may claim (its weight in "
         "averages); 0 = the size of the run's training set. Clients on the run's partition "
         "must claim exactly their partition's size", low=0)
+    round_timeout: float = _opt(
+        0.0, "seconds a round waits for its clients' replies; a client that has not answered "
+        "by then counts as failed and the round goes on with the others (0 = wait forever)",
+        low=0.0)
+    # -- checkpoints
+    checkpoint_every: int = _opt(
+        0, "rounds between checkpoints of the server's state (clients keep theirs every round "
+        "they train); 0 = none. `fedapp run --resume RUN_DIR` continues from the last one",
+        low=0)
+    resume: bool = _opt(False, "continue the run in output-dir/run-name from its last "
+                        "checkpoint (set by `fedapp run --resume`)")
+    # -- faults on purpose, for robustness studies and tests (seeded per client and round)
+    fault_crash_fraction: float = _opt(
+        0.0, "probability that a client raises instead of training, per client and round",
+        low=0.0, high=1.0)
+    fault_stall_fraction: float = _opt(
+        0.0, "probability that a client stalls fault-stall-seconds before training, per "
+        "client and round", low=0.0, high=1.0)
+    fault_stall_seconds: float = _opt(60.0, "how long a stalled client stalls", low=0.0)
     # -- runtime
     client_num_cpus: int = _opt(1, "simulation: CPUs reserved per virtual client", low=1)
     client_num_gpus: float = _opt(0.0, "simulation: GPU fraction per virtual client", low=0.0)

@@ -61,15 +61,23 @@ class Recorder:
     """Collects per-round records and writes the run folder."""
 
     def __init__(self, run_dir: Path, *, method: str, dataset: str, num_clients: int,
-                 num_rounds: int, config: dict[str, Any], partition: dict[str, Any]) -> None:
+                 num_rounds: int, config: dict[str, Any], partition: dict[str, Any],
+                 resume_after: int = 0) -> None:
+        """A new run folder, or with ``resume_after`` = k the folder of a run resumed after
+        round k: its first k records are kept (a killed run may have written more)."""
         self.run_dir = run_dir
         self.meta = {"method": method, "dataset": dataset, "num_clients": num_clients,
                      "rounds": num_rounds}
         self.num_rounds = num_rounds
-        self.history: list[dict[str, Any]] = []
         self.started = time.time()
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "rounds.jsonl").write_text("")
+        rounds = run_dir / "rounds.jsonl"
+        kept = rounds.read_text().splitlines()[:resume_after] if resume_after else []
+        if len(kept) < resume_after:
+            raise FileNotFoundError(f"{rounds} holds {len(kept)} rounds; the checkpoint was "
+                                    f"taken after round {resume_after}")
+        self.history: list[dict[str, Any]] = [json.loads(line) for line in kept]
+        rounds.write_text("".join(line + "\n" for line in kept))
         write_json(run_dir / "config.json", config)
         write_json(run_dir / "partition.json", partition)
 
@@ -129,6 +137,9 @@ class Recorder:
         return {**self.meta, "accuracy": accuracy, "communication": communication,
                 "failures": int(sum(h["failures"] for h in self.history)),
                 "rejected": int(sum(h["rejected"] for h in self.history)),
+                # Who: {partition id: rounds in which it failed / had its upload refused}.
+                "failed_clients": _tally(h.get("failed_clients", []) for h in self.history),
+                "rejected_clients": _tally(h.get("rejected_clients", []) for h in self.history),
                 "wall_seconds": time.time() - self.started, "history": self.history}
 
     def finish(self) -> dict[str, Any]:
@@ -137,6 +148,14 @@ class Recorder:
         write_json(self.run_dir / "summary.json", summary)
         plot_runs([summary], self.run_dir / "accuracy.png", [summary["method"]])
         return summary
+
+
+def _tally(lists) -> dict[str, int]:
+    counts: dict[int, int] = {}
+    for ids in lists:
+        for pid in ids:
+            counts[pid] = counts.get(pid, 0) + 1
+    return {str(pid): n for pid, n in sorted(counts.items())}
 
 
 def plot_runs(summaries: Sequence[dict[str, Any]], path: Path, labels: Sequence[str]) -> None:

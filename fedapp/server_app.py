@@ -11,7 +11,8 @@ from flwr.common.logger import log
 from flwr.server import ServerAppComponents, ServerConfig
 from flwr.serverapp import ServerApp
 
-from fedapp import experiment
+from fedapp import checkpoint, experiment
+from fedapp.config import ConfigError
 from fedapp.results import Recorder
 from strategies import METHODS, load_config
 
@@ -29,15 +30,28 @@ def server_fn(context: Context) -> ServerAppComponents:
     summary["architectures"] = experiment.architectures(cfg)
     for client, arch in zip(summary["clients"], summary["architectures"]):
         client["arch"] = arch
+    done, method_state = 0, None
+    if cfg.resume:
+        try:
+            done, method_state = checkpoint.load_server(run_dir / "checkpoint")
+        except FileNotFoundError:
+            raise ConfigError(f"resume = true, but {run_dir} holds no checkpoint (was the run "
+                              "started with checkpoint-every > 0?)") from None
+        if done >= cfg.num_server_rounds:
+            raise ConfigError(f"the run in {run_dir} already has all {cfg.num_server_rounds} "
+                              "rounds; nothing to resume")
     recorder = Recorder(run_dir, method=cfg.method, dataset=cfg.dataset,
                         num_clients=cfg.num_clients, num_rounds=cfg.num_server_rounds,
-                        config=dict(context.run_config), partition=summary)
-    log(INFO, "[fedapp] %s on %s: %d clients, %d rounds; results in %s", cfg.method,
-        cfg.dataset, cfg.num_clients, cfg.num_server_rounds, run_dir)
+                        config=dict(context.run_config), partition=summary, resume_after=done)
+    log(INFO, "[fedapp] %s on %s: %d clients, %d rounds%s; results in %s", cfg.method,
+        cfg.dataset, cfg.num_clients, cfg.num_server_rounds,
+        f" (resumed after round {done})" if done else "", run_dir)
     strategy = METHODS[cfg.method].strategy(cfg, recorder, input_shape=data.input_shape,
                                             num_classes=data.num_classes)
-    return ServerAppComponents(strategy=strategy,
-                               config=ServerConfig(num_rounds=cfg.num_server_rounds))
+    if method_state is not None:
+        strategy.restore(done, method_state)
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(
+        num_rounds=cfg.num_server_rounds - done, round_timeout=cfg.round_timeout or None))
 
 
 app = ServerApp(server_fn=server_fn)

@@ -32,7 +32,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from client_models import HeteroModel
-from fedapp import experiment
+from fedapp import checkpoint, experiment
 from fedapp.config import RunConfig
 from fedapp.payload import (ArraySpec, Payload, PayloadError, WireSize, decode, encode,
                             float32, validate, wire_size)
@@ -133,7 +133,15 @@ class FedStrategy(Strategy):
         self._eval_down = 0
         self._round_started = 0.0
         self._counts = {"clients_fit": 0, "failures": 0, "rejected": 0}
+        self._sampled: dict[str, int] = {}  # Flower cid -> partition id, this round
+        self._failed: list[int] = []  # partition ids that crashed or timed out, this round
+        self._rejected: list[int] = []  # partition ids whose upload was refused, this round
         self._client_seconds = 0.0
+        # Flower counts rounds from 1 in every run; a resumed run continues after its last
+        # checkpoint, so the rounds every method sees are Flower's plus this offset.
+        self.round_offset = 0
+        # Whatever a method adds to these is its state across rounds (see method_state).
+        self._base_attributes = set(vars(self)) | {"_base_attributes", "train_sizes"}
 
     # -- what a method changes ---------------------------------------------------------------
     def fit_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
@@ -198,6 +206,22 @@ class FedStrategy(Strategy):
         """Spec of a vector of class labels in ``[0, C)``."""
         return ArraySpec(shape=(count,), kind="int", low=0, high=self.num_classes - 1)
 
+    # -- checkpoints -------------------------------------------------------------------------------
+    def method_state(self) -> dict[str, Any]:
+        """What the method keeps across rounds: every attribute it added to the base's."""
+        return {k: v for k, v in vars(self).items() if k not in self._base_attributes}
+
+    def restore(self, server_round: int, method_state: dict[str, Any]) -> None:
+        """Continue after ``server_round`` from a checkpoint's method state."""
+        vars(self).update(method_state)
+        self.round_offset = server_round
+
+    def _message_config(self, server_round: int) -> dict[str, Scalar]:
+        config: dict[str, Scalar] = {"server-round": server_round}
+        if self.cfg.checkpoint_every and self.recorder is not None:
+            config["state-dir"] = str(self.recorder.run_dir / "client-state")
+        return config
+
     # -- Flower Strategy interface ---------------------------------------------------------------
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         # Empty rather than None: None would make Flower ask one client for its weights.
@@ -241,9 +265,11 @@ class FedStrategy(Strategy):
 
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        server_round += self.round_offset
         self._round_started = time.time()
         self._down, self._up, self._eval_down = {}, {}, 0
         self._counts = {"clients_fit": 0, "failures": 0, "rejected": 0}
+        self._failed, self._rejected = [], []
         self._client_seconds = 0.0
         available = self._wait_and_list(client_manager)
         n = max(self.cfg.min_fit_clients, math.ceil(self.cfg.fraction_fit * len(available)))
@@ -251,17 +277,20 @@ class FedStrategy(Strategy):
         # Sampling from (seed, round), not Flower's global RNG, so a seed fixes the schedule.
         rng = np.random.default_rng(derive_seed(self.cfg.seed, "sample", server_round))
         chosen = [available[i] for i in sorted(rng.choice(len(available), n, replace=False))]
+        self._sampled = {}
         encoded = _Encoder()
         instructions = []
         for proxy in chosen:
             params, size = encoded(self.fit_payload(server_round, self.clients.get(proxy.cid)))
             self._down[proxy.cid] = size
-            instructions.append((proxy, FitIns(params, {"server-round": server_round})))
+            self._sampled[proxy.cid] = self.clients[proxy.cid].partition_id
+            instructions.append((proxy, FitIns(params, self._message_config(server_round))))
         return instructions
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[tuple[ClientProxy, FitRes] | BaseException]
                       ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        server_round += self.round_offset
         uploads: list[Upload] = []
         seen: set[int] = set()
         for proxy, res in results:
@@ -277,6 +306,7 @@ class FedStrategy(Strategy):
                 self.validate_upload(payload, client)
             except PayloadError as exc:
                 self._counts["rejected"] += 1
+                self._rejected.append(self._sampled.get(proxy.cid, -1))
                 log(WARNING, "round %s: rejected the upload of client %s: %s", server_round,
                     proxy.cid, exc)
                 continue
@@ -285,6 +315,10 @@ class FedStrategy(Strategy):
             self._counts["failures"] += 1
             reason = failure if isinstance(failure, BaseException) else failure[1].status.message
             log(WARNING, "round %s: a client failed during training: %r", server_round, reason)
+        # Flower reports a crashed or timed-out client as a bare exception: who failed is who
+        # was sampled and did not reply.
+        replied = {proxy.cid for proxy, _ in results}
+        self._failed = sorted(pid for cid, pid in self._sampled.items() if cid not in replied)
         uploads.sort(key=lambda u: u.client.partition_id)  # sums in a fixed order
         self._counts["clients_fit"] = len(uploads)
         # Time the clients spent computing, to tell it apart from the framework's share.
@@ -315,6 +349,7 @@ class FedStrategy(Strategy):
     def configure_evaluate(self, server_round: int, parameters: Parameters,
                            client_manager: ClientManager
                            ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        server_round += self.round_offset
         # Every client is evaluated every round (not only the ones that trained), as
         # FedClassAvg and FedGH's code report the mean over all clients.
         encoded = _Encoder()
@@ -322,13 +357,15 @@ class FedStrategy(Strategy):
         for proxy in self._wait_and_list(client_manager):
             params, size = encoded(self.eval_payload(server_round, self.clients.get(proxy.cid)))
             self._eval_down += size.total
-            instructions.append((proxy, EvaluateIns(params, {"server-round": server_round})))
+            instructions.append((proxy, EvaluateIns(params,
+                                                    self._message_config(server_round))))
         return instructions
 
     def aggregate_evaluate(self, server_round: int,
                            results: list[tuple[ClientProxy, EvaluateRes]],
                            failures: list[tuple[ClientProxy, EvaluateRes] | BaseException]
                            ) -> tuple[float | None, dict[str, Scalar]]:
+        server_round += self.round_offset
         evals = []
         for proxy, res in results:
             try:
@@ -348,10 +385,16 @@ class FedStrategy(Strategy):
         traffic = {"bytes_up": up.data, "bytes_down": down.data, "framing_up": up.framing,
                    "framing_down": down.framing, "eval_bytes_down": self._eval_down}
         client_seconds = self._client_seconds + sum(_seconds(e, "eval-seconds") for e in evals)
-        record = round_record(server_round, evals, traffic, dict(self._counts),
+        who = {"failed_clients": self._failed,
+               "rejected_clients": sorted(self._rejected)}
+        record = round_record(server_round, evals, traffic, {**self._counts, **who},
                               time.time() - self._round_started, client_seconds)
         if self.recorder is not None:
             log(INFO, self.recorder.record_round(record))
+            every = self.cfg.checkpoint_every
+            if every and server_round % every == 0:
+                checkpoint.save_server(self.recorder.run_dir / "checkpoint", server_round,
+                                       self.method_state())
             if server_round == self.recorder.num_rounds:
                 summary = self.recorder.finish()
                 acc = summary["accuracy"]

@@ -190,7 +190,7 @@ def test_warm_up_trains_once_before_the_first_round(monkeypatch):
     monkeypatch.setattr(fca, "train_epochs", lambda *a, **k: calls.append(k["epochs"]))
     client.receive({k: v.numpy() for k, v in client.model.head_state().items()}, 1)
     assert calls == [1]
-    client.save_state()  # as fit does; the client has trained from now on
+    client.save_state(1)  # as fit does; the client has trained from now on
     client.receive({k: v.numpy() for k, v in client.model.head_state().items()}, 2)
     assert calls == [1]
 

@@ -2,14 +2,18 @@
 fails says so in its exit status."""
 
 import json
+import os
+import pickle
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from fedapp.cli import LocalSuperLink, _run_status
+from fedapp.cli import LocalSuperLink, _run_status, group_members
 from fedapp.config import PROJECT_ROOT
 
 BIN = Path(sys.executable).parent
@@ -93,15 +97,98 @@ def test_plain_flwr_run_with_a_preset(tmp_path):
     assert link.process.poll() is not None  # nothing left running
 
 
+# Two virtual clients train in parallel, finish in any order and are sampled 2 of 3: the
+# per-client accuracies of every round must still be identical across runs.
+ONE_SEED = ["conf/smoke.toml", "--set", "fraction-fit=0.6", "--set", "num-server-rounds=3"]
+
+
+def _outcome(run_dir: Path) -> list:
+    """Every round's per-client accuracies and traffic, and the summary's accuracies."""
+    rounds = [json.loads(r) for r in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    keys = ("per_client", "bytes_up", "bytes_down", "framing_up", "framing_down")
+    return [[{k: r[k] for k in keys} for r in rounds], summary["accuracy"],
+            summary["communication"]["bytes_up"], summary["communication"]["bytes_down"]]
+
+
 def test_one_seed_one_result_whatever_ray_does(tmp_path):
-    # Two virtual clients train in parallel, finish in any order and are sampled 2 of 3: the
-    # per-client accuracies of every round must still be identical across runs.
-    histories = []
+    # Augmented views (FedClassAvg) and dropout (the FedHe CNN) both draw random numbers while
+    # training, and three clients on two Ray actors make the model cache both hit and miss.
+    outcomes = []
     for name in ("a", "b"):
-        proc = fedapp("run", "conf/smoke.toml", "--set", "fraction-fit=0.6",
-                      "--set", "num-server-rounds=3", "--set", f'run-name="{name}"',
+        proc = fedapp("run", *ONE_SEED, "--set", 'method="fedclassavg"',
+                      "--set", 'arch-mix="fedhe-cnn0,cnn4,cnn3"', "--set", f'run-name="{name}"',
                       "--output-dir", str(tmp_path))
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        rounds = (tmp_path / name / "rounds.jsonl").read_text().splitlines()
-        histories.append([json.loads(r)["per_client"] for r in rounds])
-    assert histories[0] == histories[1]
+        outcomes.append(_outcome(tmp_path / name))
+    assert outcomes[0] == outcomes[1]
+
+
+def _superlink_of(run_dir: Path) -> list[int]:
+    """Process groups of the SuperLink that `fedapp run` started for ``run_dir`` (its command
+    line names the run folder's superlink.log)."""
+    groups = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if str(run_dir / "superlink.log") in cmdline:
+            groups.add(os.getpgid(int(proc.name)))
+    return sorted(groups)
+
+
+def test_a_killed_run_resumes_to_the_numbers_of_the_uninterrupted_one(tmp_path):
+    # FedGH (a server that trains a header) with partial participation, checkpoints every
+    # round; one run goes through, the other is SIGKILLed (its whole process tree) after its
+    # round-2 checkpoint and resumed: rounds, traffic and final accuracies must be identical.
+    common = [*ONE_SEED, "--set", "checkpoint-every=1", "--output-dir", str(tmp_path)]
+    proc = fedapp("run", *common, "--set", 'run-name="whole"')
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = tmp_path / "killed"
+    killed = subprocess.Popen([str(BIN / "fedapp"), "run", *common, "--set",
+                               'run-name="killed"'], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and killed.poll() is None:
+        records = run / "rounds.jsonl"
+        checkpoint = run / "checkpoint" / "server.pkl"
+        if records.exists() and len(records.read_text().splitlines()) >= 2 \
+                and checkpoint.exists() and pickle.loads(checkpoint.read_bytes())["round"] >= 2:
+            break
+        time.sleep(0.2)
+    assert killed.poll() is None, "the run ended before it could be killed"
+    groups = [killed.pid, *_superlink_of(run)]
+    assert len(groups) == 2
+    for group in groups:
+        os.killpg(group, signal.SIGKILL)
+    killed.wait()
+    deadline = time.time() + 30
+    while any(group_members(g) for g in groups) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(group_members(g) for g in groups), "a process of the killed run survived"
+    assert not (run / "summary.json").exists()
+    proc = fedapp("run", "--resume", str(run))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resumed after round" in (run / "flwr.log").read_text()
+    assert _outcome(run) == _outcome(tmp_path / "whole")
+    assert not _superlink_of(run)
+
+
+def test_crashing_clients_leave_the_run_going_and_are_recorded(tmp_path):
+    from tests.conftest import cfg_of
+    from tests.test_faults import _crashes
+    settings = {"method": "standalone", "num-clients": 3, "dataset": "synthetic",
+                "fault-crash-fraction": 0.3, "seed": 3}  # seed 3: some crash, never all
+    expected = _crashes(cfg_of(**{k.replace("-", "_"): v for k, v in settings.items()}), 3, 3)
+    assert expected and all(sum(r == rnd for _, r in expected) < 3 for rnd in (1, 2, 3))
+    proc = fedapp("run", "conf/smoke.toml", "--set", 'method="standalone"',
+                  "--set", "fault-crash-fraction=0.3", "--set", "seed=3",
+                  "--set", "num-server-rounds=3",
+                  "--set", 'run-name="faults"', "--output-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((tmp_path / "faults" / "summary.json").read_text())
+    assert [h["failed_clients"] for h in summary["history"]] == [
+        sorted(pid for pid, r in expected if r == rnd) for rnd in (1, 2, 3)]
+    assert summary["failures"] == len(expected)
+    assert "crashes in round" in (tmp_path / "faults" / "flwr.log").read_text()
