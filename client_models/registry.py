@@ -21,6 +21,8 @@ from .paper_cnns import (
     build_fedgh_cnn,
     build_fedhe_cnn,
 )
+from .fedpac_cnns import FAMILY as FEDPAC_FAMILY
+from .fedpac_cnns import FEDPAC_CNNS, build_fedpac_cnn
 from .resnets import FAMILY as RESNET_FAMILY
 from .resnets import RESNET_STAGE_BLOCKS, build_cifar_resnet
 from .torchvision_backbones import FAMILY as FEDCLASSAVG_FAMILY
@@ -60,6 +62,13 @@ def _registry() -> dict[str, ArchInfo]:
             f"FedHe/FedMD Table II model {name[-1]}: {len(spec.filters)} convs "
             f"{'-'.join(map(str, spec.filters))}, BN, dropout {spec.dropout}",
             partial(build_fedhe_cnn, name),
+        ))
+    for name, spec in FEDPAC_CNNS.items():
+        archs.append(ArchInfo(
+            name, FEDPAC_FAMILY,
+            f"FedPAC CNN_FMNIST family (CompFL experts): {len(spec.convs)} convs "
+            f"{'-'.join(str(c[0]) for c in spec.convs)}, FC 128 = representation, leaky ReLU",
+            partial(build_fedpac_cnn, name),
         ))
     for name, blocks in RESNET_STAGE_BLOCKS.items():
         archs.append(ArchInfo(

@@ -14,11 +14,14 @@ from typing import Any, Mapping
 from fedapp.client_base import FedClient
 from fedapp.config import ConfigError, RunConfig, parse_run_config, parse_settings, settings_keys
 from fedapp.strategy_base import FedStrategy
+from strategies.compfl import CompFL, CompFLClient, CompFLSettings
 from strategies.fedavg import FedAvg, FedAvgClient
 from strategies.fedclassavg import FedClassAvg, FedClassAvgClient, FedClassAvgSettings
 from strategies.fedgh import FedGH, FedGHClient, FedGHSettings
 from strategies.fedhe import FedHe, FedHeClient, FedHeSettings
+from strategies.fedper import FedPer, FedPerClient
 from strategies.fedproto import FedProto, FedProtoClient, FedProtoSettings
+from strategies.fedrep import FedRep, FedRepClient, FedRepSettings
 from strategies.lg_fedavg import LgFedAvg, LgFedAvgClient
 from strategies.standalone import Standalone, StandaloneClient
 
@@ -55,6 +58,13 @@ METHODS: dict[str, Method] = {
                        settings=FedProtoSettings),
     "fedhe": Method("per-class average logits up and down; CE + alpha * logit loss "
                     "(any architectures)", FedHe, FedHeClient, settings=FedHeSettings),
+    "fedper": Method("average the extractors within each architecture; heads stay private",
+                     FedPer, FedPerClient),
+    "fedrep": Method("as fedper, trained head first (extractor frozen), then extractor (head "
+                     "frozen)", FedRep, FedRepClient, settings=FedRepSettings),
+    "compfl": Method("experts ordered by size share per-architecture extractors; prototype "
+                     "head adaptation, epsilon-greedy expert choice, CE + lambda * alignment + "
+                     "mu * ensemble KD", CompFL, CompFLClient, settings=CompFLSettings),
 }
 
 

@@ -1,0 +1,459 @@
+"""CompFL, server mode: cooperative training of several expert architectures for personalised FL.
+
+A list of M expert architectures W_1 < ... < W_M (the run's ``arch-mix``, ordered by parameter
+count) is trained together. Client i runs the expert j_i of its own architecture and may also
+use every smaller one. Only extractors are shared, one global extractor theta~_j per
+architecture; every head is private (per-client label permutations therefore work), and a
+client keeps one private head per expert it uses. In round t a client:
+
+1. *adapts* (:func:`adapt_expert`): installs theta~_j, sets the head row of each local class c
+   to the (normalised) class prototype, the mean of theta~_j(x) over its class-c samples (bias
+   0; rows of absent classes are kept), then fine-tunes the head for one epoch at lr eta_g —
+   for its own expert and for each smaller expert it uses;
+2. *evaluates* each adapted expert of the distillation ensemble on its validation split and
+   weights them ``s = softmax(minmax(acc) / tau)`` (:func:`expert_weights`);
+3. *selects* (:func:`select_expert`, epsilon-greedy): a client that can run more than the
+   smallest expert trains, with probability epsilon, an expert drawn uniformly from
+   {1, ..., j_i} instead of its own (its own model is then only adapted that round);
+4. *trains* the selected expert end to end with ``CE + lambda * L_align + mu * L_kd``
+   (:func:`compfl_loss`): ``L_align`` pulls each feature to its class mean under the received
+   global extractor (the prototypes of step 1, fixed during training), ``L_kd`` is the KL
+   divergence between the soft target ``0.5 * onehot(y) + 0.5 * sum_j s_j softmax(expert_j(x))``
+   (:func:`ensemble_target`) and the local prediction, after the warm-up rounds;
+5. *uploads* the trained extractor only, as the delta to the received one (Algorithm 1) or as
+   weights; array names carry the architecture (``"<arch>/extractor.0.weight"``).
+
+The server (:class:`CompFL`) keeps one extractor per architecture; architecture j becomes
+``theta~_j + sum_i alpha_i Delta_i`` with ``alpha_i = n_i / sum n`` over the round's returners
+of j (untouched when nobody trained it), and each client downloads its own expert and the
+smaller ones it uses. Up: the trained extractor's parameters; down: the own and smaller
+experts' extractors. ``compfl.align``, ``compfl.greedy`` and ``compfl.kd`` switch the three
+components off one by one (the paper's Table 3 ablation).
+
+The client's steps are plain functions of models, tensors and settings (:func:`local_round`),
+independent of how the extractors arrive, so a device-to-device relay can call them too.
+
+Where the paper is silent or ambiguous (methods.md 3.8), the defaults and switches are:
+
+- learning rates: ``lr`` for the end-to-end training and ``compfl.head-lr`` = 0.1 for the head
+  fine-tuning (FedPAC's values; the paper gives none);
+- ``compfl.align-form = "mse"``: FedPAC's mean over samples *and* dimensions; the paper's
+  squared L2 norm averaged over samples is ``"squared-norm"`` (d times larger);
+- ``compfl.kd-direction = "target-first"``: ``KL(t || softmax(local))``, the usual KD direction
+  (t has full support); the formula as printed, ``KL(softmax(local) || t)``, is
+  ``"prediction-first"``. No temperature;
+- ``compfl.kd-teachers = "own-and-smaller"``: the ensemble is the client's own adapted expert
+  and the smaller ones. The appendix restricts KD to smaller experts (``"smaller"``), which
+  leaves clients of the smallest expert without any teacher;
+- ``compfl.kd-warmup = 0.1``: KD starts after the first 10% of the rounds ("some warm-up
+  rounds" in the paper);
+- ``compfl.prototype-init = "normalised"``: prototype rows scaled to unit norm; ``"raw"`` uses
+  the class means as they are;
+- the expert weights are measured on the client's validation split (``val-fraction``); a client
+  without one uses its training data;
+- prototypes, alignment anchors and the ensemble's predictions are computed once per round in
+  eval mode with the received (frozen) extractors; the head is fine-tuned on these features.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from flwr.app import ArrayRecord
+
+from client_models import HeteroModel
+from fedapp import experiment
+from fedapp.class_stats import ClassMeans, ClassSums, class_target_mse
+from fedapp.client_base import FedClient, load_arrays
+from fedapp.config import RunConfig, opt
+from fedapp.local_data import expected_input
+from fedapp.partitions import ClientData
+from fedapp.payload import ArraySpec, Payload, PayloadError, from_ndarrays, to_ndarrays, validate
+from fedapp.strategy_base import ClientInfo, Upload
+from fedapp.training import (TrainStats, derive_seed, evaluate, isolated_rng, make_optimizer,
+                             train_epochs)
+from strategies.fedper import PerArchitectureExtractors, arrays_spec, extractor_arrays
+
+HEAD_STATE_KEY = "compfl.head.{arch}"  # a client's private head of a smaller expert
+
+
+@dataclass(frozen=True)
+class CompFLSettings:
+    """``compfl.*``: the three components, their weights and the open points of the paper."""
+
+    align: bool = opt(True, "feature alignment L_align (Table 3 'Align')")
+    greedy: bool = opt(True, "epsilon-greedy model selection (Table 3 'Greedy')")
+    kd: bool = opt(True, "ensemble knowledge distillation L_kd (Table 3 'KD')")
+    lam: float = opt(1.0, "weight lambda of L_align (paper: 1)", low=0.0, key="lambda")
+    mu: float = opt(1.0, "weight mu of L_kd (paper: 1)", low=0.0)
+    epsilon: float = opt(0.3, "probability of training a uniformly drawn smaller-or-equal "
+                         "expert (paper: 0.3)", low=0.0, high=1.0)
+    tau: float = opt(0.1, "temperature of the expert weights softmax(minmax(acc) / tau) "
+                     "(paper: 0.1)", low=0.0, low_open=True)
+    head_lr: float = opt(0.1, "learning rate eta_g of the head fine-tuning after the prototype "
+                         "init (not in the paper; FedPAC: 0.1)", low=0.0, low_open=True)
+    head_epochs: int = opt(1, "epochs of head fine-tuning after the prototype init (paper: 1)",
+                           low=0)
+    prototype_init: str = opt("normalised", "head rows of local classes := 'normalised' or "
+                              "'raw' class prototypes", choices=("normalised", "raw"))
+    align_form: str = opt("mse", "L_align: 'mse' (FedPAC: mean over samples and dimensions) or "
+                          "'squared-norm' (paper: mean over samples of ||z - z~||^2)",
+                          choices=("mse", "squared-norm"))
+    kd_direction: str = opt("target-first", "L_kd: 'target-first' KL(t || local) (usual KD) or "
+                            "'prediction-first' KL(local || t) (the paper's formula as printed)",
+                            choices=("target-first", "prediction-first"))
+    kd_teachers: str = opt("own-and-smaller", "distillation ensemble: the own adapted expert "
+                           "and the smaller ones, or only 'smaller' ones (appendix)",
+                           choices=("own-and-smaller", "smaller"))
+    kd_warmup: float = opt(0.1, "fraction of num-server-rounds before KD starts", low=0.0,
+                           high=1.0)
+    upload: str = opt("delta", "upload the trained extractor as the 'delta' to the received one "
+                      "(Algorithm 1) or as 'weights' (same server result)",
+                      choices=("delta", "weights"))
+
+
+# -- who uses which expert -------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=8)
+def expert_order(cfg: RunConfig, input_shape: tuple[int, int, int],
+                 num_classes: int) -> tuple[str, ...]:
+    """The run's architectures as CompFL's experts W_1 < ... < W_M: by parameter count (ties
+    by name), computed identically by the server and every client."""
+    def size(arch: str) -> int:
+        model = experiment.new_model(cfg, arch, input_shape, num_classes, "compfl-size")
+        return sum(p.numel() for p in model.parameters())
+    return tuple(sorted(set(cfg.architectures), key=lambda a: (size(a), a)))
+
+
+def kd_active(settings: CompFLSettings, cfg: RunConfig, server_round: int) -> bool:
+    """Whether ``L_kd`` is used in ``server_round`` (only after the warm-up rounds)."""
+    warmup = int(settings.kd_warmup * cfg.num_server_rounds)
+    return settings.kd and settings.mu > 0 and server_round > warmup
+
+
+def experts_used(order: tuple[str, ...], arch: str, settings: CompFLSettings, cfg: RunConfig,
+                 server_round: int) -> tuple[str, ...]:
+    """The experts a client of ``arch`` needs in a round, smallest first, its own last: the
+    smaller ones only when it may train them (greedy) or distils from them (KD)."""
+    own = order.index(arch)
+    if settings.greedy or kd_active(settings, cfg, server_round):
+        return order[:own + 1]
+    return (arch,)
+
+
+def trainable_experts(order: tuple[str, ...], arch: str,
+                      settings: CompFLSettings) -> tuple[str, ...]:
+    """The experts a client of ``arch`` may train and upload: never a larger one."""
+    own = order.index(arch)
+    return order[:own + 1] if settings.greedy else (arch,)
+
+
+def pack(arch: str, arrays: Payload) -> Payload:
+    """Extractor arrays under names that carry their architecture (``"<arch>/<name>"``)."""
+    return {f"{arch}/{name}": a for name, a in arrays.items()}
+
+
+def unpack(payload: Payload) -> dict[str, Payload]:
+    """The inverse of :func:`pack` over several experts: ``{arch: {name: array}}``."""
+    out: dict[str, Payload] = {}
+    for key, array in payload.items():
+        arch, sep, name = key.partition("/")
+        if not sep:
+            raise PayloadError(f"array {key!r} does not name its expert ('<arch>/<name>')")
+        out.setdefault(arch, {})[name] = array
+    return out
+
+
+# -- the client's steps: pure functions of models, tensors and settings ------------------------
+
+@dataclass
+class AdaptedExpert:
+    """An expert fitted to a client's data: the received global extractor, a private head."""
+
+    arch: str
+    model: HeteroModel
+    features: torch.Tensor      # eval-mode theta~(x) of the training data
+    anchors: torch.Tensor       # [C, d] class prototypes z~_c (alignment targets)
+    has_anchor: torch.Tensor    # [C] bool: the class occurs locally
+    accuracy: float | None = None  # on the validation split, when it enters the ensemble
+
+
+@torch.no_grad()
+def embed(model: HeteroModel, x: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
+    """``model.features(x)`` in eval mode (no dropout, BatchNorm running statistics)."""
+    was_training = model.training
+    model.eval()
+    z = torch.cat([model.features(x[i:i + batch_size]) for i in range(0, len(x), batch_size)]
+                  ) if len(x) else torch.zeros(0, model.feature_dim, device=x.device)
+    model.train(was_training)
+    return z
+
+
+@torch.no_grad()
+def prototype_head_init(head: torch.nn.Linear, prototypes: ClassMeans, normalise: bool) -> None:
+    """Row c of the head := the prototype of class c (unit-norm when ``normalise``), bias 0,
+    for every class in ``prototypes``; rows of the other classes are kept."""
+    if len(prototypes.labels) == 0:
+        return
+    rows = torch.from_numpy(prototypes.means).to(head.weight)
+    if normalise:
+        rows = F.normalize(rows, dim=1)
+    labels = torch.from_numpy(prototypes.labels.astype(np.int64)).to(head.weight.device)
+    head.weight[labels] = rows
+    head.bias[labels] = 0.0
+
+
+def adapt_expert(arch: str, model: HeteroModel, extractor: Payload, x: torch.Tensor,
+                 y: torch.Tensor, cfg: RunConfig, generator: torch.Generator) -> AdaptedExpert:
+    """Model adaptation: install the global extractor, re-initialise the private head from the
+    class prototypes and fine-tune it (extractor frozen) for ``compfl.head-epochs``."""
+    s: CompFLSettings = cfg.settings
+    load_arrays(model, extractor)
+    features = embed(model, x)
+    sums = ClassSums(model.num_classes)
+    if len(y):
+        sums.add(features, y)
+    prototypes = sums.means()
+    prototype_head_init(model.head, prototypes, s.prototype_init == "normalised")
+    if s.head_epochs:
+        # The extractor is frozen, so one pass of features serves every head epoch.
+        head = model.head
+        train_epochs(head, features, y, loss_fn=lambda z, t: F.cross_entropy(head(z), t),
+                     optimizer=make_optimizer(head.parameters(), cfg.optimizer, s.head_lr,
+                                              cfg.momentum, cfg.weight_decay),
+                     epochs=s.head_epochs, batch_size=cfg.batch_size, grad_clip=cfg.grad_clip,
+                     generator=generator)
+    anchors = torch.zeros(model.num_classes, model.feature_dim, device=features.device)
+    has_anchor = torch.zeros(model.num_classes, dtype=torch.bool, device=features.device)
+    if len(prototypes.labels):
+        labels = torch.from_numpy(prototypes.labels.astype(np.int64)).to(features.device)
+        anchors[labels] = torch.from_numpy(prototypes.means).to(features.device)
+        has_anchor[labels] = True
+    return AdaptedExpert(arch, model, features, anchors, has_anchor)
+
+
+def expert_weights(accuracies: list[float], tau: float) -> np.ndarray:
+    """``s_j = softmax(minmax(a)_j / tau)``; equal weights when all accuracies are equal."""
+    a = np.asarray(accuracies, dtype=np.float64)
+    span = a.max() - a.min()
+    normalised = (a - a.min()) / span if span > 0 else np.zeros_like(a)
+    e = np.exp((normalised - normalised.max()) / tau)
+    return e / e.sum()
+
+
+def select_expert(own: int, epsilon: float, rng: np.random.Generator) -> int:
+    """Epsilon-greedy: the own expert index ``own`` with probability 1 - epsilon, otherwise one
+    drawn uniformly from {0, ..., own}. A client of the smallest expert has no choice."""
+    if own == 0:
+        return 0
+    return int(rng.integers(own + 1)) if rng.random() < epsilon else own
+
+
+def ensemble_target(y: torch.Tensor, probabilities: list[torch.Tensor], weights: np.ndarray,
+                    num_classes: int) -> torch.Tensor:
+    """``t = 0.5 * onehot(y) + 0.5 * sum_j s_j * p_j`` with ``p_j`` = softmax of expert j."""
+    mixture = sum(float(w) * p for w, p in zip(weights, probabilities))
+    return 0.5 * F.one_hot(y, num_classes).to(mixture.dtype) + 0.5 * mixture
+
+
+def kd_loss(logits: torch.Tensor, target: torch.Tensor, direction: str) -> torch.Tensor:
+    """Mean over the batch of ``KL(t || softmax(logits))`` (``target-first``) or of
+    ``KL(softmax(logits) || t)`` (``prediction-first``, the paper's formula as printed)."""
+    log_p = F.log_softmax(logits, 1)
+    if direction == "target-first":
+        return F.kl_div(log_p, target, reduction="batchmean")
+    return F.kl_div(target.log(), log_p, log_target=True, reduction="batchmean")
+
+
+def alignment_loss(z: torch.Tensor, y: torch.Tensor, anchors: torch.Tensor,
+                   has_anchor: torch.Tensor, form: str) -> torch.Tensor:
+    """``L_align``: distance of each feature to its class anchor; ``mse`` averages over the d
+    dimensions too (FedPAC), ``squared-norm`` sums them (the paper)."""
+    mse = class_target_mse(z, y, anchors, has_anchor)
+    return mse * z.shape[1] if form == "squared-norm" else mse
+
+
+def compfl_loss(logits: torch.Tensor, z: torch.Tensor, y: torch.Tensor, expert: AdaptedExpert,
+                soft_target: torch.Tensor | None, settings: CompFLSettings) -> torch.Tensor:
+    """``CE + lambda * L_align + mu * L_kd`` on one mini-batch (``soft_target`` None: no KD)."""
+    loss = F.cross_entropy(logits, y)
+    if settings.align and settings.lam > 0:
+        loss = loss + settings.lam * alignment_loss(z, y, expert.anchors, expert.has_anchor,
+                                                    settings.align_form)
+    if soft_target is not None:
+        loss = loss + settings.mu * kd_loss(logits, soft_target, settings.kd_direction)
+    return loss
+
+
+def train_expert(expert: AdaptedExpert, x: torch.Tensor, y: torch.Tensor,
+                 soft_targets: torch.Tensor | None, cfg: RunConfig,
+                 generator: torch.Generator) -> TrainStats:
+    """End-to-end training of the selected expert for ``local-epochs`` with the CompFL loss."""
+    model, s = expert.model, cfg.settings
+
+    def loss_fn(idx: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        z = model.features(x[idx])
+        return compfl_loss(model.head(z), z, target, expert,
+                           None if soft_targets is None else soft_targets[idx], s)
+
+    # train_epochs slices what it is given by mini-batch; giving it the sample indices lets
+    # the loss look up each sample's soft target, computed once before training.
+    return train_epochs(model, torch.arange(len(y), device=y.device), y, loss_fn=loss_fn,
+                        optimizer=make_optimizer(model.parameters(), cfg.optimizer, cfg.lr,
+                                                 cfg.momentum, cfg.weight_decay),
+                        epochs=cfg.local_epochs, batch_size=cfg.batch_size,
+                        grad_clip=cfg.grad_clip, generator=generator)
+
+
+@dataclass
+class LocalUpdate:
+    """What one client's round produced."""
+
+    arch: str                       # the expert that was trained
+    upload: Payload                 # its extractor: delta or weights (unprefixed names)
+    stats: TrainStats
+    adapted: dict[str, AdaptedExpert] = field(default_factory=dict)
+    weights: np.ndarray | None = None  # s_j of the ensemble (None: no KD this round)
+
+
+def local_round(models: dict[str, HeteroModel], received: dict[str, Payload], data: ClientData,
+                cfg: RunConfig, partition_id: int, server_round: int) -> LocalUpdate:
+    """One CompFL round of a client: adapt, evaluate, select, train, compute the upload.
+
+    ``models`` holds the experts the client uses, smallest first and its own last (private
+    heads; extractors are overwritten by ``received``, the global extractors by architecture).
+    The models are changed in place."""
+    s: CompFLSettings = cfg.settings
+    order = list(models)
+    own = len(order) - 1
+    rng = np.random.default_rng(derive_seed(cfg.seed, "compfl-greedy", partition_id,
+                                            server_round))
+    chosen = select_expert(own, s.epsilon if s.greedy else 0.0, rng)
+    teachers = []
+    if kd_active(s, cfg, server_round):
+        teachers = list(range(own + 1 if s.kd_teachers == "own-and-smaller" else own))
+    adapted = {}
+    for j in sorted({own, chosen, *teachers}):
+        arch = order[j]
+        if arch not in received:
+            raise ValueError(f"the server did not send the global extractor of {arch!r}")
+        adapted[j] = adapt_expert(arch, models[arch], received[arch], data.train_x,
+                                  data.train_y, cfg, torch.Generator().manual_seed(derive_seed(
+                                      cfg.seed, "compfl-head", partition_id, server_round, arch)))
+    soft_targets, weights = None, None
+    if teachers:
+        # A client without a validation split measures its experts on its training data.
+        val = (data.val_x, data.val_y) if len(data.val_y) else (data.train_x, data.train_y)
+        for j in teachers:
+            adapted[j].accuracy = evaluate(adapted[j].model, *val)[1]
+        weights = expert_weights([adapted[j].accuracy for j in teachers], s.tau)
+        with torch.no_grad():
+            probabilities = [F.softmax(adapted[j].model.head(adapted[j].features), 1)
+                             for j in teachers]
+        soft_targets = ensemble_target(data.train_y, probabilities, weights,
+                                       models[order[own]].num_classes)
+    stats = train_expert(adapted[chosen], data.train_x, data.train_y, soft_targets, cfg,
+                         torch.Generator().manual_seed(derive_seed(
+                             cfg.seed, "batches", partition_id, server_round)))
+    arch = order[chosen]
+    trained = extractor_arrays(adapted[chosen].model)
+    if s.upload == "delta":  # Delta = theta_{j,i}^{t+1} - theta~_j^t (Algorithm 1)
+        trained = {k: v - received[arch][k].astype(v.dtype) for k, v in trained.items()}
+    return LocalUpdate(arch, trained, stats, {a.arch: a for a in adapted.values()}, weights)
+
+
+# -- Flower client and server -----------------------------------------------------------------
+
+class CompFLClient(FedClient):
+    """Runs :func:`local_round` on its own expert (``self.model``) and private smaller experts
+    whose heads live in ``context.state`` between rounds."""
+
+    def fit(self, parameters: list[np.ndarray], config: dict):
+        server_round = int(config.get("server-round", 0))
+        received = unpack(from_ndarrays(parameters))
+        input_shape, num_classes = expected_input(self.cfg)
+        order = expert_order(self.cfg, input_shape, num_classes)
+        used = experts_used(order, self.arch, self.cfg.settings, self.cfg, server_round)
+        start = time.perf_counter()
+        # Dropout in the experts draws from torch's global generator: keyed, and isolated.
+        with isolated_rng(derive_seed(self.cfg.seed, "fit", self.partition_id, server_round),
+                          self.device):
+            self.smaller_experts = {arch: self._smaller_expert(arch) for arch in used[:-1]}
+            update = local_round({**self.smaller_experts, self.arch: self.model}, received,
+                                 self.data, self.cfg, self.partition_id, server_round)
+        seconds = time.perf_counter() - start
+        self.save_state()
+        metrics = {**self.identity(), "train-loss": update.stats.loss, "train-seconds": seconds,
+                   "train-samples": update.stats.samples, "compfl-expert": update.arch}
+        return to_ndarrays(pack(update.arch, update.upload)), len(self.data.train_y), metrics
+
+    def _smaller_expert(self, arch: str) -> HeteroModel:
+        """A smaller expert with this client's private head for it (fresh at first use)."""
+        model = experiment.new_model(self.cfg, arch, *expected_input(self.cfg),
+                                     self.partition_id, "compfl-expert").to(self.device)
+        key = HEAD_STATE_KEY.format(arch=arch)
+        if key in self.context.state:
+            model.head.load_state_dict(self.context.state[key].to_torch_state_dict())
+        return model
+
+    def save_state(self) -> None:
+        """The own model (base) and the private heads of the smaller experts used."""
+        super().save_state()
+        for arch, model in getattr(self, "smaller_experts", {}).items():
+            self.context.state[HEAD_STATE_KEY.format(arch=arch)] = ArrayRecord(
+                torch_state_dict={k: v.detach().cpu() for k, v in model.head.state_dict().items()})
+
+
+class CompFL(PerArchitectureExtractors):
+    """One global extractor per expert; sends each client its own and the smaller ones it uses;
+    ``theta~_j += sum_i alpha_i Delta_i`` over the returners of j."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings: CompFLSettings = self.cfg.settings
+        self.order = expert_order(self.cfg, self.input_shape, self.num_classes)
+        self._sent: dict[tuple[str, ...], Payload] = {}  # this round's payload per expert set
+        self._sent_round = 0
+
+    def fit_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
+        if client is None:
+            return {}
+        if server_round != self._sent_round:
+            self._sent, self._sent_round = {}, server_round
+        used = experts_used(self.order, client.arch, self.settings, self.cfg, server_round)
+        if used not in self._sent:  # one dict per expert set and round: encoded once
+            self._sent[used] = {k: v for arch in used
+                                for k, v in pack(arch, self.extractors[arch]).items()}
+        return self._sent[used]
+
+    def upload_spec(self, client: ClientInfo, expert: str | None = None
+                    ) -> dict[str, ArraySpec]:
+        """The trained extractor of ``expert`` (default: the client's own), named after it."""
+        return pack(expert or client.arch, arrays_spec(self.extractors[expert or client.arch]))
+
+    def validate_upload(self, payload: Payload, client: ClientInfo) -> None:
+        # The names say which expert was trained (epsilon-greedy may pick a smaller one).
+        experts = set(unpack(payload))
+        if len(experts) != 1:
+            raise PayloadError(f"an upload must hold one expert's extractor, got {sorted(experts)}")
+        expert = experts.pop()
+        allowed = trainable_experts(self.order, client.arch, self.settings)
+        if expert not in allowed:
+            raise PayloadError(f"a client of {client.arch} may train only {list(allowed)}, "
+                               f"not {expert!r}")
+        validate(payload, self.upload_spec(client, expert))
+        self.check_upload(payload, client)
+
+    def trained_extractor(self, upload: Upload) -> tuple[str, Payload]:
+        [(arch, arrays)] = unpack(upload.payload).items()
+        return arch, arrays
+
+    def merge(self, arch: str, average: Payload) -> Payload:
+        if self.settings.upload == "weights":
+            return average  # = theta~ + sum_i alpha_i (w_i - theta~)
+        return {k: (v + average[k]).astype(v.dtype) for k, v in self.extractors[arch].items()}

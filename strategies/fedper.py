@@ -1,0 +1,75 @@
+"""FedPer (Arivazhagan et al., 2019): share the extractor ("base layers"), keep the head private.
+
+Every client installs the global extractor of its own architecture, trains the whole model
+(extractor and private head together) with cross-entropy and uploads its extractor; the server
+averages the extractors within each architecture, weighted by n_k, so any architecture mix
+works and heads never leave a client (which also makes per-client label permutations work).
+Per client per round the extractor's parameters go each way. Clients are evaluated with their
+own model after local training.
+
+:class:`PerArchitectureExtractors` is the server side FedPer, FedRep and CompFL share: one
+global extractor per architecture, initialised from the seed and averaged per architecture.
+"""
+
+from __future__ import annotations
+
+from fedapp.aggregate import average_per_group
+from fedapp.client_base import FedClient, load_arrays, state_arrays
+from fedapp.payload import ArraySpec, Payload
+from fedapp.strategy_base import ClientInfo, FedStrategy, Upload
+
+
+def extractor_arrays(model) -> Payload:
+    """The extractor's entries of ``model``'s state (BatchNorm buffers included) as arrays."""
+    return state_arrays(model, list(model.extractor_state()))
+
+
+def arrays_spec(arrays: Payload) -> dict[str, ArraySpec]:
+    """The spec of an upload that must have exactly the names, shapes and kinds of ``arrays``."""
+    return {name: ArraySpec(a.shape, "float" if a.dtype.kind == "f" else "int")
+            for name, a in arrays.items()}
+
+
+class PerArchitectureExtractors(FedStrategy):
+    """One global extractor per architecture of the run; uploads averaged within architecture."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.extractors: dict[str, Payload] = {
+            arch: extractor_arrays(self.new_model(arch)) for arch in sorted(set(self.architectures))}
+
+    def fit_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
+        # The same dict object for every client of an architecture: encoded once per round.
+        return self.extractors[client.arch] if client is not None else {}
+
+    def upload_spec(self, client: ClientInfo) -> dict[str, ArraySpec]:
+        return arrays_spec(self.extractors[client.arch])
+
+    def trained_extractor(self, upload: Upload) -> tuple[str, Payload]:
+        """Which architecture an upload trained, and its extractor arrays."""
+        return upload.client.arch, upload.payload
+
+    def merge(self, arch: str, average: Payload) -> Payload:
+        """The new global extractor of ``arch`` from the n_k-weighted average of its uploads."""
+        return average
+
+    def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
+        archs, extractors = zip(*(self.trained_extractor(u) for u in uploads))
+        averages = average_per_group(archs, extractors, [u.num_examples for u in uploads])
+        # Architectures nobody trained this round keep their extractor.
+        for arch, average in averages.items():
+            self.extractors[arch] = self.merge(arch, average)
+
+
+class FedPerClient(FedClient):
+    """Installs its architecture's global extractor, trains everything, uploads the extractor."""
+
+    def receive(self, payload: Payload, server_round: int) -> None:
+        load_arrays(self.model, payload)
+
+    def upload(self) -> Payload:
+        return extractor_arrays(self.model)
+
+
+class FedPer(PerArchitectureExtractors):
+    """Averages the uploaded extractors within each architecture."""
