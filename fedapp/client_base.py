@@ -26,8 +26,8 @@ from fedapp.config import ConfigError, RunConfig
 from fedapp.local_data import expected_input, load_local_data
 from fedapp.partitions import ClientData, load_client_data
 from fedapp.payload import Payload, from_ndarrays, to_ndarrays
-from fedapp.training import (derive_seed, evaluate, isolated_rng, make_optimizer, pick_device,
-                             train_epochs)
+from fedapp.training import (TrainStats, derive_seed, evaluate, isolated_rng, make_optimizer,
+                             pick_device, train_epochs)
 
 MODEL_STATE_KEY = "fedapp.model"
 VERSION_KEY = "fedapp.model-version"
@@ -197,8 +197,27 @@ class FedClient(NumPyClient):
         """The local training objective on one mini-batch (default: cross-entropy)."""
         return F.cross_entropy(self.model(x), y)
 
+    def train(self, server_round: int) -> TrainStats:
+        """The round's local training (default: ``local-epochs`` passes, or
+        :meth:`local_steps` mini-batches, of :meth:`loss` on the private model). A method that
+        trains in phases or another module than ``self.model`` replaces this, not ``fit``."""
+        return train_epochs(
+            self.model, self.data.train_x, self.data.train_y, loss_fn=self.loss,
+            optimizer=self.optimizer(), epochs=self.cfg.local_epochs, steps=self.local_steps(),
+            batch_size=self.cfg.batch_size, grad_clip=self.cfg.grad_clip,
+            generator=self.batch_generator(server_round))
+
+    def batch_generator(self, server_round: int, purpose: str = "batches") -> torch.Generator:
+        """The generator of this client's mini-batch order in ``server_round``."""
+        return torch.Generator().manual_seed(
+            derive_seed(self.cfg.seed, purpose, self.partition_id, server_round))
+
     def upload(self) -> Payload:
         """What goes to the server after local training (default: nothing)."""
+        return {}
+
+    def fit_metrics(self) -> dict[str, Any]:
+        """Metrics a method adds to the training reply (default: none)."""
         return {}
 
     def optimizer(self) -> torch.optim.Optimizer:
@@ -255,17 +274,12 @@ class FedClient(NumPyClient):
                           self.device):
             self.receive(from_ndarrays(parameters), server_round)
             start = time.perf_counter()
-            stats = train_epochs(
-                self.model, self.data.train_x, self.data.train_y, loss_fn=self.loss,
-                optimizer=self.optimizer(), epochs=self.cfg.local_epochs,
-                steps=self.local_steps(), batch_size=self.cfg.batch_size,
-                grad_clip=self.cfg.grad_clip, generator=torch.Generator().manual_seed(
-                    derive_seed(self.cfg.seed, "batches", self.partition_id, server_round)))
+            stats = self.train(server_round)
             seconds = time.perf_counter() - start
             upload = self.upload()
         self.save_state(server_round)
         metrics = {**self.identity(), "train-loss": stats.loss, "train-seconds": seconds,
-                   "train-samples": stats.samples}
+                   "train-samples": stats.samples, **self.fit_metrics()}
         return to_ndarrays(upload), len(self.data.train_y), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):

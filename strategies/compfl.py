@@ -58,7 +58,6 @@ Where the paper is silent or ambiguous (methods.md 3.8), the defaults and switch
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,10 +72,9 @@ from fedapp.client_base import FedClient, load_arrays
 from fedapp.config import RunConfig, opt
 from fedapp.local_data import expected_input
 from fedapp.partitions import ClientData
-from fedapp.payload import ArraySpec, Payload, PayloadError, from_ndarrays, to_ndarrays, validate
+from fedapp.payload import ArraySpec, Payload, PayloadError, validate
 from fedapp.strategy_base import ClientInfo, Upload
-from fedapp.training import (TrainStats, derive_seed, evaluate, isolated_rng, make_optimizer,
-                             train_epochs)
+from fedapp.training import TrainStats, derive_seed, evaluate, make_optimizer, train_epochs
 from strategies.fedper import PerArchitectureExtractors, arrays_spec, extractor_arrays
 
 HEAD_STATE_KEY = "compfl.head.{arch}"  # a client's private head of a smaller expert
@@ -373,24 +371,22 @@ class CompFLClient(FedClient):
     """Runs :func:`local_round` on its own expert (``self.model``) and private smaller experts
     whose heads live in ``context.state`` between rounds."""
 
-    def fit(self, parameters: list[np.ndarray], config: dict):
-        server_round = int(config.get("server-round", 0))
-        received = unpack(from_ndarrays(parameters))
-        input_shape, num_classes = expected_input(self.cfg)
-        order = expert_order(self.cfg, input_shape, num_classes)
+    def receive(self, payload: Payload, server_round: int) -> None:
+        self.received = unpack(payload)
+        order = expert_order(self.cfg, *expected_input(self.cfg))
         used = experts_used(order, self.arch, self.cfg.settings, self.cfg, server_round)
-        start = time.perf_counter()
-        # Dropout in the experts draws from torch's global generator: keyed, and isolated.
-        with isolated_rng(derive_seed(self.cfg.seed, "fit", self.partition_id, server_round),
-                          self.device):
-            self.smaller_experts = {arch: self._smaller_expert(arch) for arch in used[:-1]}
-            update = local_round({**self.smaller_experts, self.arch: self.model}, received,
-                                 self.data, self.cfg, self.partition_id, server_round)
-        seconds = time.perf_counter() - start
-        self.save_state()
-        metrics = {**self.identity(), "train-loss": update.stats.loss, "train-seconds": seconds,
-                   "train-samples": update.stats.samples, "compfl-expert": update.arch}
-        return to_ndarrays(pack(update.arch, update.upload)), len(self.data.train_y), metrics
+        self.smaller_experts = {arch: self._smaller_expert(arch) for arch in used[:-1]}
+
+    def train(self, server_round: int) -> TrainStats:
+        self.update = local_round({**self.smaller_experts, self.arch: self.model}, self.received,
+                                  self.data, self.cfg, self.partition_id, server_round)
+        return self.update.stats
+
+    def upload(self) -> Payload:
+        return pack(self.update.arch, self.update.upload)
+
+    def fit_metrics(self) -> dict:
+        return {"compfl-expert": self.update.arch}  # which expert epsilon-greedy trained
 
     def _smaller_expert(self, arch: str) -> HeteroModel:
         """A smaller expert with this client's private head for it (fresh at first use)."""
@@ -401,12 +397,13 @@ class CompFLClient(FedClient):
             model.head.load_state_dict(self.context.state[key].to_torch_state_dict())
         return model
 
-    def save_state(self) -> None:
-        """The own model (base) and the private heads of the smaller experts used."""
-        super().save_state()
+    def save_state(self, server_round: int) -> None:
+        """The private heads of the smaller experts used, and the own model (base; last, so
+        that a checkpoint of ``context.state`` holds the heads too)."""
         for arch, model in getattr(self, "smaller_experts", {}).items():
             self.context.state[HEAD_STATE_KEY.format(arch=arch)] = ArrayRecord(
                 torch_state_dict={k: v.detach().cpu() for k, v in model.head.state_dict().items()})
+        super().save_state(server_round)
 
 
 class CompFL(PerArchitectureExtractors):

@@ -9,14 +9,12 @@ extractor. Traffic is FedPer's: the extractor's parameters each way.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
 from fedapp.config import opt
-from fedapp.payload import Payload
-from fedapp.training import derive_seed, make_optimizer, train_epochs
+from fedapp.training import TrainStats, make_optimizer, train_epochs
 from strategies.fedper import FedPer, FedPerClient
 
 
@@ -31,35 +29,32 @@ class FedRepSettings:
 class FedRepClient(FedPerClient):
     """Head epochs with the extractor frozen, then ``local-epochs`` with the head frozen."""
 
-    def receive(self, payload: Payload, server_round: int) -> None:
-        super().receive(payload, server_round)
+    def train(self, server_round: int) -> TrainStats:
+        self.train_head(server_round)
+        # Then the base's extractor epochs, with the head frozen (this optimizer holds only the
+        # extractor's parameters, so the head cannot move).
+        try:
+            self.model.head.requires_grad_(False)
+            return super().train(server_round)
+        finally:
+            self.model.head.requires_grad_(True)  # the cached model must not stay frozen
+
+    def train_head(self, server_round: int) -> None:
+        """``fedrep.head-epochs`` epochs of the head, the installed extractor frozen."""
         c, model = self.cfg, self.model
-        start = time.perf_counter()
         model.extractor.requires_grad_(False)
         train_epochs(model, self.data.train_x, self.data.train_y, loss_fn=self.loss,
                      optimizer=make_optimizer(model.head.parameters(), c.optimizer, c.lr,
                                               c.momentum, c.weight_decay),
                      epochs=c.settings.head_epochs, batch_size=c.batch_size,
-                     grad_clip=c.grad_clip, generator=torch.Generator().manual_seed(
-                         derive_seed(c.seed, "fedrep-head", self.partition_id, server_round)))
+                     grad_clip=c.grad_clip,
+                     generator=self.batch_generator(server_round, "fedrep-head"))
         model.extractor.requires_grad_(True)
-        # The base's training loop now runs the extractor epochs, with the head frozen.
-        model.head.requires_grad_(False)
-        self.head_seconds = time.perf_counter() - start
 
     def optimizer(self) -> torch.optim.Optimizer:
         c = self.cfg
         return make_optimizer(self.model.extractor.parameters(), c.optimizer, c.lr, c.momentum,
                               c.weight_decay)
-
-    def upload(self) -> Payload:
-        self.model.head.requires_grad_(True)  # the cached model must not stay frozen
-        return super().upload()
-
-    def fit(self, parameters, config):
-        arrays, n, metrics = super().fit(parameters, config)
-        metrics["train-seconds"] += self.head_seconds  # both phases are local training
-        return arrays, n, metrics
 
 
 class FedRep(FedPer):

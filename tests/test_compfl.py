@@ -168,7 +168,8 @@ def _named(res):
 
 @pytest.mark.parametrize("upload", ["delta", "weights"])
 def test_aggregation_per_architecture_leaves_the_other_untouched(rng, upload):
-    strategy = make_strategy("compfl", **FED, **{"compfl.upload": upload})
+    strategy = make_strategy("compfl", **FED, **{"compfl.upload": upload},
+                             sizes=[100, 300, 600, 100])
     manager, proxies = client_manager(strategy)
     strategy.configure_fit(1, None, manager)
     small0 = {k: v.copy() for k, v in strategy.extractors[SMALL].items()}
