@@ -19,8 +19,10 @@ from strategies.fedclassavg import FedClassAvg, FedClassAvgClient, FedClassAvgSe
 from strategies.fedgh import FedGH, FedGHClient, FedGHSettings
 from strategies.fedhe import FedHe, FedHeClient, FedHeSettings
 from strategies.fedproto import FedProto, FedProtoClient, FedProtoSettings
+from strategies.felo import Felo, FeloClient, FeloSettings
 from strategies.lg_fedavg import LgFedAvg, LgFedAvgClient
 from strategies.standalone import Standalone, StandaloneClient
+from strategies.velo import Velo, VeloClient, VeloSettings
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,12 @@ METHODS: dict[str, Method] = {
                        settings=FedProtoSettings),
     "fedhe": Method("per-class average logits up and down; CE + alpha * logit loss "
                     "(any architectures)", FedHe, FedHeClient, settings=FedHeSettings),
+    "felo": Method("per-class mean features and logits up, their per-class averages down; "
+                   "CE + alpha * (feature MSE + logit KL); same-architecture models averaged",
+                   Felo, FeloClient, shared_dim=True, settings=FeloSettings),
+    "velo": Method("Felo whose server trains a conditional VAE on the features and sends one "
+                   "decoded feature per class", Velo, VeloClient, shared_dim=True,
+                   settings=VeloSettings),
 }
 
 
