@@ -9,13 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedapp.client_base import state_arrays
 from fedapp.config import ConfigError
 from fedapp.payload import decode, encode, wire_size
 from fedapp.results import Recorder
 from fedapp.training import isolated_rng
 from strategies import load_config
-from strategies.felo import FEATURES, LABELS, LOGITS, ClassStore, model_part
+from strategies.felo import FEATURES, LABELS, LOGITS, ClassStore, model_arrays, model_part
 from strategies.velo import CVAE, VeloSettings, generate, train_cvae
 from tests.conftest import InProcessFederation, make_strategy
 
@@ -43,7 +42,7 @@ def one_thread():
 
 
 def model_bytes(strategy, arch):
-    return sum(a.nbytes for a in state_arrays(strategy.new_model(arch)).values())
+    return sum(a.nbytes for a in model_arrays(strategy.new_model(arch)).values())
 
 
 @pytest.mark.parametrize("method", ["felo", "velo"])
@@ -205,10 +204,27 @@ def test_the_server_sends_the_history_means_of_every_class():
                                        atol=1e-6)
 
 
+def test_batchnorm_models_survive_flowers_message_layer():
+    """Flower delivers a 0-d array (BatchNorm's num_batches_tracked) as shape (1,): a ResNet's
+    group model must still install on the client and its upload pass the server's spec."""
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+    from flwr.compat.common.recorddict_compat import (fitins_to_recorddict, fitres_to_recorddict,
+                                                      recorddict_to_fitins, recorddict_to_fitres)
+    fed = InProcessFederation("felo", **{**SMALL, "num_clients": 1, "arch_mix": "resnet10"},
+                              model_width=0.125)
+    (proxy, ins), = fed.strategy.configure_fit(1, None, fed.manager)
+    ins = recorddict_to_fitins(fitins_to_recorddict(ins, keep_input=True), keep_input=True)
+    arrays, n, metrics = fed.client(0).fit(parameters_to_ndarrays(ins.parameters), ins.config)
+    res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)
+    res = recorddict_to_fitres(fitres_to_recorddict(res, keep_input=True), keep_input=True)
+    fed.strategy.aggregate_fit(1, [(proxy, res)], [])
+    assert fed.strategy._counts == {"clients_fit": 1, "failures": 0, "rejected": 0}
+
+
 def wrong_architecture(p):
     """cnn5's upload carrying a cnn4 model (same names, other shapes)."""
     other = make_strategy("felo", **SMALL).new_model("cnn4")
-    return {**p, **state_arrays(other)}
+    return {**p, **model_arrays(other)}
 
 
 @pytest.mark.parametrize("bad,reason", [
