@@ -125,7 +125,7 @@ def test_client_uploads_the_per_class_means_of_its_forward_passes_and_its_loss_b
 
 def test_warm_up_sends_no_tables_and_trains_with_cross_entropy():
     fed = InProcessFederation("felo", num_server_rounds=10, **SMALL,
-                              **{"felo.warmup-fraction": 0.2})   # rounds 1 and 2
+                              **full_pass("felo", **{"warmup-fraction": 0.2}))  # rounds 1, 2
     fed.fit_round(1)
     for rnd, with_tables in [(2, False), (3, True)]:
         sent = fed.fit_round(rnd)
@@ -192,7 +192,7 @@ def test_store_keeps_a_capped_history_or_the_latest_round():
 
 
 def test_the_server_sends_the_history_means_of_every_class():
-    fed = InProcessFederation("felo", **SMALL)
+    fed = InProcessFederation("felo", **SMALL, **full_pass("felo"))
     first = [decode(res.parameters) for _, res in fed.fit_round(1).values()]
     second = [decode(res.parameters) for _, res in fed.fit_round(2).values()]
     sent = fed.fit_round(3)
@@ -294,7 +294,7 @@ def test_velo_sends_decoded_features_seeded_and_retrains_on_its_interval():
 
 
 def test_group_evaluation_sends_the_group_model_and_needs_group_averaging():
-    fed = InProcessFederation("felo", **SMALL, **{"felo.eval-model": "group"})
+    fed = InProcessFederation("felo", **SMALL, **full_pass("felo", **{"eval-model": "group"}))
     fed.fit_round(1)
     metrics = fed.evaluate_round(1)
     assert all(0 <= m["accuracy"] <= 1 for m in metrics.values())
