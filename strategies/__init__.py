@@ -22,8 +22,10 @@ from strategies.fedhe import FedHe, FedHeClient, FedHeSettings
 from strategies.fedper import FedPer, FedPerClient
 from strategies.fedproto import FedProto, FedProtoClient, FedProtoSettings
 from strategies.fedrep import FedRep, FedRepClient, FedRepSettings
+from strategies.felo import Felo, FeloClient, FeloSettings
 from strategies.lg_fedavg import LgFedAvg, LgFedAvgClient
 from strategies.standalone import Standalone, StandaloneClient
+from strategies.velo import Velo, VeloClient, VeloSettings
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,12 @@ METHODS: dict[str, Method] = {
     "compfl": Method("experts ordered by size share per-architecture extractors; prototype "
                      "head adaptation, epsilon-greedy expert choice, CE + lambda * alignment + "
                      "mu * ensemble KD", CompFL, CompFLClient, settings=CompFLSettings),
+    "felo": Method("per-class mean features and logits up, their per-class averages down; "
+                   "CE + alpha * (feature MSE + logit KL); same-architecture models averaged",
+                   Felo, FeloClient, shared_dim=True, settings=FeloSettings),
+    "velo": Method("Felo whose server trains a conditional VAE on the features and sends one "
+                   "decoded feature per class", Velo, VeloClient, shared_dim=True,
+                   settings=VeloSettings),
 }
 
 

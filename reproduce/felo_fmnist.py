@@ -1,0 +1,145 @@
+"""Felo and Velo on Fashion-MNIST at CPU scale (the paper's Figure 4 / Table 2 settings, shrunk).
+
+Heterogeneous: Standalone, FedHe, Felo and Velo on 10 clients with ResNet10/14/18/22/26 (two
+clients each, width 0.25, d = 128), 20 % participation, IID and Dirichlet 0.5
+(conf/felo-fmnist.toml). Homogeneous: every client a ResNet18, FedAvg against Felo and Velo
+(the paper's Table 2), Felo/Velo evaluated with their group model (``eval-model = "group"``),
+which is what FedAvg evaluates. Reports each method's mean over clients of the global-test
+accuracy (the paper's metric) and of the local-test accuracy, for several seeds, through
+``fedapp run``; writes the tables into docs/felo.md (between its generated markers) and the
+curves into docs/felo-fmnist.png.
+
+    .venv/bin/python reproduce/felo_fmnist.py                    # 3 seeds (hours on 2 cores)
+    .venv/bin/python reproduce/felo_fmnist.py --seeds 0 --rounds 10
+    .venv/bin/python reproduce/felo_fmnist.py --quick            # one tiny run per method,
+                                                                 # to check the pipeline only
+
+``--quick`` writes its tables to the output folder, never into docs/. Finished runs are reused
+(their summary.json), so an interrupted reproduction resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from common import (ROOT, cell, mean_std, per_client_accuracies, plot_panels, run_experiment,
+                    write_generated)
+
+PRESET = "felo-fmnist"
+SCRIPT = "reproduce/felo_fmnist.py"
+HETEROGENEOUS = [
+    ("Standalone", {"method": "standalone"}),
+    ("FedHe", {"method": "fedhe"}),
+    ("Felo", {"method": "felo"}),
+    ("Velo", {"method": "velo"}),
+]
+# FedAvg is Felo with alpha = 0 on one architecture group: CE only, the group's n_k-weighted
+# average installed before training and evaluated (its floats include the unused tables).
+# fedapp's own `fedavg` cannot run BatchNorm models through Flower yet: Flower delivers the
+# 0-d num_batches_tracked as shape (1,), which fedavg's spec rejects (see docs/felo.md).
+HOMOGENEOUS = [
+    ("FedAvg", {"method": "felo", "arch-mix": "resnet18", "felo.alpha": 0.0,
+                "felo.eval-model": "group"}),
+    ("Felo", {"method": "felo", "arch-mix": "resnet18", "felo.eval-model": "group"}),
+    ("Velo", {"method": "velo", "arch-mix": "resnet18", "velo.eval-model": "group"}),
+]
+SPLITS = [("IID", {"partition": "iid"}), ("Dirichlet 0.5", {"partition": "dirichlet"})]
+# A pipeline check, one run per method: IID only, homogeneous FedAvg only (Felo and Velo run
+# the same code in both tables), 2 rounds on 100-sample shards, 100 global test images.
+QUICK = {"num-server-rounds": 2, "max-samples-per-client": 100, "global-test-samples": 100}
+
+
+def global_accuracies(summary: dict) -> list[float]:
+    """The last round's per-client global-test accuracies."""
+    return [float(v) for v in summary["accuracy"]["global_per_client"].values()]
+
+
+def row(label: str, summaries: list[dict]) -> str:
+    glob = [np.mean(global_accuracies(s)) for s in summaries]
+    local = [np.mean(per_client_accuracies(s)) for s in summaries]
+    client_std = np.mean([np.std(global_accuracies(s)) for s in summaries])
+    com = summaries[0]["communication"]
+    return (f"| {label} | {cell(glob)} | {client_std:.4f} | {cell(local)} | "
+            f"{com['last_round_floats_per_client_up']:.0f} / "
+            f"{com['last_round_floats_per_client_down']:.0f} | "
+            f"{mean_std(s['wall_seconds'] for s in summaries)[0]:.0f} |")
+
+
+def claims(results: dict[str, list[dict]], pairs: list[tuple[str, str]]) -> list[str]:
+    """The paper's orderings, checked on the global-test means over seeds."""
+    mean = {label: np.mean([np.mean(global_accuracies(s)) for s in runs])
+            for label, runs in results.items()}
+    return [f"{a} ≥ {b}: {'holds' if mean[a] >= mean[b] else 'does not hold'} "
+            f"({mean[a]:.4f} vs {mean[b]:.4f})" for a, b in pairs if a in mean and b in mean]
+
+
+def table(title: str, results: dict[str, list[dict]], seeds: list[int],
+          pairs: list[tuple[str, str]]) -> str:
+    rounds = next(iter(results.values()))[0]["rounds"]
+    return "\n".join([
+        f"### {title} ({len(seeds)} seeds: {', '.join(map(str, seeds))}; accuracy after "
+        f"round {rounds})",
+        "",
+        "| method | global-test accuracy (mean over clients; ± std over seeds) | std over "
+        "clients | local-test accuracy | floats per client per round up / down | wall s |",
+        "|---|---|---|---|---|---|",
+        *(row(label, runs) for label, runs in results.items()),
+        "",
+        *(f"- {c}" for c in claims(results, pairs)),
+    ])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="override num-server-rounds (default: the preset's 50)")
+    parser.add_argument("--quick", action="store_true",
+                        help="one seed, 2 rounds, small shards; tables go to --out only")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "reproduce-felo")
+    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "felo.md")
+    args = parser.parse_args()
+
+    extra = {} if args.rounds is None else {"num-server-rounds": args.rounds}
+    seeds = args.seeds
+    out = args.out.resolve()
+    doc, splits, homogeneous = args.doc, SPLITS, HOMOGENEOUS
+    if args.quick:
+        extra, seeds, out = {**QUICK, **extra}, seeds[:1], out / "quick"
+        doc, splits, homogeneous = out / "felo.md", SPLITS[:1], HOMOGENEOUS[:1]
+
+    def runs(label: str, overrides: dict, split: str, split_overrides: dict,
+             tag: str) -> list[dict]:
+        name = f"{tag}-{split.split()[0].lower()}-{label.lower()}"
+        return [run_experiment(PRESET, {**overrides, **split_overrides, "seed": seed, **extra},
+                               f"{name}-seed{seed}", out) for seed in seeds]
+
+    tables, panels = [], {}
+    for split, split_overrides in splits:
+        hetero = {label: runs(label, o, split, split_overrides, "hetero")
+                  for label, o in HETEROGENEOUS}
+        tables.append(table(f"Heterogeneous ResNet10/14/18/22/26, {split}", hetero, seeds,
+                            [("Felo", "FedHe"), ("Velo", "FedHe"), ("Felo", "Standalone"),
+                             ("Velo", "Felo")]))
+        panels[f"heterogeneous, {split}"] = hetero
+    for split, split_overrides in splits:
+        homo = {label: runs(label, o, split, split_overrides, "homo")
+                for label, o in homogeneous}
+        tables.append(table(f"Homogeneous ResNet18, {split}", homo, seeds,
+                            [("Felo", "FedAvg"), ("Velo", "FedAvg")]))
+        panels[f"homogeneous, {split}"] = homo
+    plot = doc.parent / "felo-fmnist.png"
+    plot_panels(panels, plot)
+    command = f".venv/bin/python {SCRIPT}" + (" --quick" if args.quick else "") + (
+        "" if args.seeds == [0, 1, 2] else " --seeds " + " ".join(map(str, args.seeds))) + (
+        "" if args.rounds is None else f" --rounds {args.rounds}")
+    write_generated(doc, SCRIPT, "\n\n".join([
+        f"Produced by `{command}`.", *tables, f"![accuracy per round]({plot.name})"]))
+    print(f"[reproduce] wrote {doc} and {plot}")
+
+
+if __name__ == "__main__":
+    main()
