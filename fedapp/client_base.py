@@ -45,25 +45,31 @@ class InjectedFault(RuntimeError):
 
 
 def state_arrays(model: torch.nn.Module, names: list[str] | None = None) -> Payload:
-    """Named arrays of ``model.state_dict()`` (all, or only ``names``), as float32 numpy."""
+    """Named arrays of ``model.state_dict()`` (all, or only ``names``), as float32 numpy.
+
+    0-d entries (BatchNorm's ``num_batches_tracked``) come as 1-element vectors: Flower's
+    message layer delivers a 0-d array as shape (1,), so every path uses that shape."""
     state = model.state_dict()
     names = list(state) if names is None else names
     out = {}
     for name in names:
-        value = state[name].detach().cpu().numpy()
+        value = np.atleast_1d(state[name].detach().cpu().numpy())
         out[name] = value.astype(np.float32) if value.dtype.kind == "f" else value
     return out
 
 
 def load_arrays(model: torch.nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
-    """Overwrite the named entries of ``model``'s state with ``arrays`` (names must exist)."""
+    """Overwrite the named entries of ``model``'s state with ``arrays`` (names must exist; a
+    1-element vector fills a 0-d entry, see :func:`state_arrays`)."""
     state = model.state_dict()
     unknown = [n for n in arrays if n not in state]
     if unknown:
         raise ValueError(f"the model has no entries {unknown}")
     with torch.no_grad():
         for name, value in arrays.items():
-            state[name].copy_(torch.from_numpy(np.asarray(value)).to(state[name].dtype))
+            target = state[name]
+            target.copy_(torch.from_numpy(np.asarray(value)).reshape(target.shape)
+                         .to(target.dtype))
 
 
 @functools.lru_cache(maxsize=4)

@@ -110,6 +110,10 @@ class RunConfig:
         0.0, "seconds a round waits for its clients' replies; a client that has not answered "
         "by then counts as failed and the round goes on with the others (0 = wait forever)",
         low=0.0)
+    partition_nodes: str = _opt(
+        "", "deployment: bind partitions to authenticated SuperNodes, 'partition=node-id,...' "
+        "(node ids as `fedapp deploy register` prints them); a node may then answer only for "
+        "its own partition ('' = partition ids are self-declared)")
     # -- checkpoints
     checkpoint_every: int = _opt(
         0, "rounds between checkpoints of the server's state (clients keep theirs every round "
@@ -140,6 +144,17 @@ class RunConfig:
     def architectures(self) -> list[str]:
         """The arch mix as a list (validated by :func:`parse_run_config`)."""
         return [a.strip() for a in self.arch_mix.split(",") if a.strip()]
+
+    @property
+    def partition_owners(self) -> dict[int, str]:
+        """``partition-nodes`` as {partition id: node id} (validated by parse_run_config)."""
+        owners = {}
+        for item in filter(None, (t.strip() for t in self.partition_nodes.split(","))):
+            pid, node = item.split("=")
+            if int(pid) in owners:
+                raise ValueError(f"partition {pid} bound twice")
+            owners[int(pid)] = node.strip()
+        return owners
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -260,6 +275,15 @@ def _check_cross_field(cfg: RunConfig) -> None:
     if cfg.min_fit_clients > cfg.num_clients:
         raise ConfigError(f"setting min-fit-clients = {cfg.min_fit_clients} is invalid: it must "
                           f"be <= num-clients ({cfg.num_clients}).")
+    try:
+        owners = cfg.partition_owners
+        if any(not 0 <= p < cfg.num_clients for p in owners) or \
+                len(set(owners.values())) != len(owners) or not all(owners.values()):
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"setting partition-nodes = {cfg.partition_nodes!r} is invalid: expected "
+                          "'partition=node-id,...' with partitions in [0, num-clients) and "
+                          "each node id once, e.g. '0=1234,1=5678'.") from None
     if cfg.output_dir and not Path(cfg.output_dir).is_absolute():
         raise ConfigError(f"setting output-dir = {cfg.output_dir!r} is invalid: it must be an "
                           "absolute path (Flower runs the app from another directory).")

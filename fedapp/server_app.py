@@ -37,9 +37,9 @@ def server_fn(context: Context) -> ServerAppComponents:
         except FileNotFoundError:
             raise ConfigError(f"resume = true, but {run_dir} holds no checkpoint (was the run "
                               "started with checkpoint-every > 0?)") from None
-        if done >= cfg.num_server_rounds:
-            raise ConfigError(f"the run in {run_dir} already has all {cfg.num_server_rounds} "
-                              "rounds; nothing to resume")
+        if (run_dir / "summary.json").exists():
+            raise ConfigError(f"the run in {run_dir} has finished (summary.json is there); "
+                              "nothing to resume")
     recorder = Recorder(run_dir, method=cfg.method, dataset=cfg.dataset,
                         num_clients=cfg.num_clients, num_rounds=cfg.num_server_rounds,
                         config=dict(context.run_config), partition=summary, resume_after=done)
@@ -50,6 +50,8 @@ def server_fn(context: Context) -> ServerAppComponents:
                                             num_classes=data.num_classes)
     if method_state is not None:
         strategy.restore(done, method_state)
+    if done >= cfg.num_server_rounds:  # killed after its last round, before its summary
+        recorder.finish()
     return ServerAppComponents(strategy=strategy, config=ServerConfig(
         num_rounds=cfg.num_server_rounds - done, round_timeout=cfg.round_timeout or None))
 

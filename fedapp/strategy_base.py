@@ -339,6 +339,12 @@ class FedStrategy(Strategy):
         if arch != self.architectures[pid]:
             raise PayloadError(f"partition {pid} reports architecture {arch!r}, the run config "
                                f"gives it {self.architectures[pid]!r}")
+        owner = self.cfg.partition_owners.get(pid)
+        if owner is not None and owner != str(proxy.cid):
+            # Deployment: the SuperLink authenticated this node by its key, and the operator
+            # bound the partition to another node, so a registered node cannot squat it.
+            raise PayloadError(f"node {proxy.cid} claims partition {pid}, which partition-nodes "
+                               f"binds to node {owner}")
         info = ClientInfo(pid, arch, metrics.get("own-data", False) is True)
         known = self.clients.setdefault(proxy.cid, info)
         if known != info:

@@ -99,20 +99,6 @@ def model_part(payload: Payload) -> Payload:
     return {k: v for k, v in payload.items() if k not in TABLES}
 
 
-def model_arrays(model: torch.nn.Module) -> Payload:
-    """The model's whole state as it travels: 0-d entries (BatchNorm's ``num_batches_tracked``)
-    as 1-element vectors, because Flower's message layer delivers a 0-d array as shape (1,);
-    sending them so in-process too keeps one shape on every path."""
-    return {k: np.atleast_1d(v) for k, v in state_arrays(model).items()}
-
-
-def install(model: torch.nn.Module, arrays: Payload) -> None:
-    """Load model weights sent as :func:`model_arrays` (1-element vectors back to 0-d)."""
-    state = model.state_dict()
-    load_arrays(model, {k: v.reshape(state[k].shape) if k in state else v
-                        for k, v in arrays.items()})
-
-
 class FeloClient(FedClient):
     """Installs its group's weights, trains with CE + alpha * (feature MSE + logit loss) and
     uploads its per-class mean features and logits (and its model)."""
@@ -127,12 +113,12 @@ class FeloClient(FedClient):
             self.class_features[labels] = torch.from_numpy(payload[FEATURES]).to(self.device)
             self.class_logits[labels] = torch.from_numpy(payload[LOGITS]).to(self.device)
             self.has_entry[labels] = True
-        install(self.model, model_part(payload))  # the group average, if sent
+        load_arrays(self.model, model_part(payload))  # the group average, if sent
         self.feature_sums, self.logit_sums = ClassSums(c), ClassSums(c)
 
     def receive_for_evaluation(self, payload: Payload) -> bool:
         # Only with eval-model = "group" does the server send anything for evaluation.
-        install(self.model, model_part(payload))
+        load_arrays(self.model, model_part(payload))
         return bool(payload)
 
     def local_steps(self) -> int:
@@ -156,7 +142,7 @@ class FeloClient(FedClient):
         features, logits = self.feature_sums.means(), self.logit_sums.means()
         payload = {FEATURES: features.means, LOGITS: logits.means, LABELS: features.labels}
         if self.cfg.settings.group_avg:
-            payload.update(model_arrays(self.model))
+            payload.update(state_arrays(self.model))
         return payload
 
 
@@ -221,7 +207,7 @@ class Felo(FedStrategy):
         self.feature_dim = next(iter(models.values())).feature_dim
         # One server initialisation per architecture, so a group's clients start alike.
         self.group_models: dict[str, Payload] = (
-            {arch: model_arrays(m) for arch, m in models.items()} if s.group_avg else {})
+            {arch: state_arrays(m) for arch, m in models.items()} if s.group_avg else {})
         self.store = ClassStore(self.num_classes, s.history_size, s.history == "latest-round")
         self.warmup_rounds = math.floor(s.warmup_fraction * self.cfg.num_server_rounds)
         self.tables: Payload = {}

@@ -14,7 +14,8 @@ from fedapp.payload import decode, encode, wire_size
 from fedapp.results import Recorder
 from fedapp.training import isolated_rng
 from strategies import load_config
-from strategies.felo import FEATURES, LABELS, LOGITS, ClassStore, model_arrays, model_part
+from fedapp.client_base import state_arrays
+from strategies.felo import FEATURES, LABELS, LOGITS, ClassStore, model_part
 from strategies.velo import CVAE, VeloSettings, generate, train_cvae
 from tests.conftest import InProcessFederation, make_strategy
 
@@ -42,7 +43,7 @@ def one_thread():
 
 
 def model_bytes(strategy, arch):
-    return sum(a.nbytes for a in model_arrays(strategy.new_model(arch)).values())
+    return sum(a.nbytes for a in state_arrays(strategy.new_model(arch)).values())
 
 
 @pytest.mark.parametrize("method", ["felo", "velo"])
@@ -204,13 +205,15 @@ def test_the_server_sends_the_history_means_of_every_class():
                                        atol=1e-6)
 
 
-def test_batchnorm_models_survive_flowers_message_layer():
+@pytest.mark.parametrize("method", ["felo", "fedavg", "fedper"])
+def test_batchnorm_models_survive_flowers_message_layer(method):
     """Flower delivers a 0-d array (BatchNorm's num_batches_tracked) as shape (1,): a ResNet's
-    group model must still install on the client and its upload pass the server's spec."""
+    model must still install on the client and its upload pass the server's spec, for every
+    method that moves whole models or extractors."""
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
     from flwr.compat.common.recorddict_compat import (fitins_to_recorddict, fitres_to_recorddict,
                                                       recorddict_to_fitins, recorddict_to_fitres)
-    fed = InProcessFederation("felo", **{**SMALL, "num_clients": 1, "arch_mix": "resnet10"},
+    fed = InProcessFederation(method, **{**SMALL, "num_clients": 1, "arch_mix": "resnet10"},
                               model_width=0.125)
     (proxy, ins), = fed.strategy.configure_fit(1, None, fed.manager)
     ins = recorddict_to_fitins(fitins_to_recorddict(ins, keep_input=True), keep_input=True)
@@ -224,7 +227,7 @@ def test_batchnorm_models_survive_flowers_message_layer():
 def wrong_architecture(p):
     """cnn5's upload carrying a cnn4 model (same names, other shapes)."""
     other = make_strategy("felo", **SMALL).new_model("cnn4")
-    return {**p, **model_arrays(other)}
+    return {**p, **state_arrays(other)}
 
 
 @pytest.mark.parametrize("bad,reason", [

@@ -142,7 +142,9 @@ def test_a_killed_run_resumes_to_the_numbers_of_the_uninterrupted_one(tmp_path):
     # FedGH (a server that trains a header) with partial participation, checkpoints every
     # round; one run goes through, the other is SIGKILLed (its whole process tree) after its
     # round-2 checkpoint and resumed: rounds, traffic and final accuracies must be identical.
-    common = [*ONE_SEED, "--set", "checkpoint-every=1", "--output-dir", str(tmp_path)]
+    # (With --resume, a run killed after its last round only writes its summary.)
+    common = [*ONE_SEED, "--set", "num-server-rounds=5", "--set", "checkpoint-every=1",
+              "--output-dir", str(tmp_path)]
     proc = fedapp("run", *common, "--set", 'run-name="whole"')
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = tmp_path / "killed"
@@ -167,6 +169,8 @@ def test_a_killed_run_resumes_to_the_numbers_of_the_uninterrupted_one(tmp_path):
     while any(group_members(g) for g in groups) and time.time() < deadline:
         time.sleep(0.2)
     assert not any(group_members(g) for g in groups), "a process of the killed run survived"
+    assert pickle.loads((run / "checkpoint" / "server.pkl").read_bytes())["round"] < 5, \
+        "the run had finished before it was killed: nothing left to resume"
     assert not (run / "summary.json").exists()
     proc = fedapp("run", "--resume", str(run))
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -165,3 +165,22 @@ def test_a_client_cannot_change_identity_midway(rng):
                                (proxies[1], fit_res(b, 10, 0, "cnn1"))], [])
     assert strategy._counts["rejected"] == 1
     assert strategy.clients[proxies[1].cid].partition_id == 1
+
+
+def test_a_node_cannot_squat_a_partition_bound_to_another():
+    # Node "node-919" (really partition 1's) answers first, claiming partition 0; with
+    # partition-nodes binding 0 to node-000 it is refused, and the honest node is not.
+    strategy = make_strategy("standalone", num_clients=2, arch_mix="cnn1",
+                             partition_nodes="0=node-000, 1=node-919")
+    manager, proxies = client_manager(strategy, [{"partition-id": 0, "arch": "cnn1"},
+                                                 {"partition-id": 0, "arch": "cnn1"}])
+    listed = strategy._wait_and_list(manager)
+    assert [p.cid for p in listed] == ["node-000"]
+    assert strategy.clients["node-000"].partition_id == 0
+
+
+@pytest.mark.parametrize("value", ["0=a,0=b", "0=a,1=a", "5=a", "x", "0=", "0=a=b"])
+def test_partition_nodes_is_validated(value):
+    from fedapp.config import ConfigError
+    with pytest.raises(ConfigError, match="partition-nodes"):
+        make_strategy("standalone", num_clients=2, partition_nodes=value)
