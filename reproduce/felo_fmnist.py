@@ -36,13 +36,8 @@ HETEROGENEOUS = [
     ("Felo", {"method": "felo"}),
     ("Velo", {"method": "velo"}),
 ]
-# FedAvg is Felo with alpha = 0 on one architecture group: CE only, the group's n_k-weighted
-# average installed before training and evaluated (its floats include the unused tables).
-# fedapp's own `fedavg` cannot run BatchNorm models through Flower yet: Flower delivers the
-# 0-d num_batches_tracked as shape (1,), which fedavg's spec rejects (see docs/felo.md).
 HOMOGENEOUS = [
-    ("FedAvg", {"method": "felo", "arch-mix": "resnet18", "felo.alpha": 0.0,
-                "felo.eval-model": "group"}),
+    ("FedAvg", {"method": "fedavg", "arch-mix": "resnet18"}),
     ("Felo", {"method": "felo", "arch-mix": "resnet18", "felo.eval-model": "group"}),
     ("Velo", {"method": "velo", "arch-mix": "resnet18", "velo.eval-model": "group"}),
 ]
