@@ -103,8 +103,13 @@ class Recorder:
         rounds_with_fit = [h for h in self.history if h["clients_fit"] > 0]
 
         def per_client_per_round(key: str, rounds: Sequence[dict] = rounds_with_fit) -> float:
-            # Average over rounds of (that round's bytes / clients that trained in it).
-            vals = [h[key] / h["clients_fit"] for h in rounds]
+            # Average over rounds of (that round's bytes / the clients they went to, or came
+            # from): a client that crashed was sent its payload but uploaded nothing.
+            def clients(h: dict) -> int:
+                if key.endswith("_down"):
+                    return h.get("clients_sampled", h["clients_fit"])
+                return h["clients_fit"] + h.get("rejected", 0)
+            vals = [h[key] / clients(h) for h in rounds]
             return float(np.mean(vals)) if vals else 0.0
         last_fit = rounds_with_fit[-1:]  # steady state of methods that send nothing in round 1
 

@@ -2,10 +2,11 @@
 
 It holds the plumbing that is the same for every method, so that a method module holds only its
 maths: deterministic client sampling, one ``FitIns`` per client (methods may send different
-payloads to different clients), decoding and validating uploads (a malformed or hostile payload
-is rejected with a logged reason and the round goes on), tolerance of failed clients, byte
-accounting of what really crosses the wire, evaluation of every client every round, and the
-results folder.
+payloads to different clients), the one validation path for uploads (identity, claimed size,
+wire dtypes, magnitude, the method's spec: a malformed or hostile payload is rejected with a
+logged reason and the round goes on), tolerance of failed clients (who failed is recorded),
+byte accounting of what really crosses the wire, evaluation of every client every round, the
+results folder, and checkpoints (a method's state is whatever it adds to the base).
 
 A method overrides :meth:`FedStrategy.fit_payload`, :meth:`FedStrategy.upload_spec` (and
 optionally :meth:`FedStrategy.check_upload` or :meth:`FedStrategy.validate_upload`),
@@ -391,7 +392,7 @@ class FedStrategy(Strategy):
         traffic = {"bytes_up": up.data, "bytes_down": down.data, "framing_up": up.framing,
                    "framing_down": down.framing, "eval_bytes_down": self._eval_down}
         client_seconds = self._client_seconds + sum(_seconds(e, "eval-seconds") for e in evals)
-        who = {"failed_clients": self._failed,
+        who = {"clients_sampled": len(self._sampled), "failed_clients": self._failed,
                "rejected_clients": sorted(self._rejected)}
         record = round_record(server_round, evals, traffic, {**self._counts, **who},
                               time.time() - self._round_started, client_seconds)
