@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fedapp.cli import LocalSuperLink, _run_status, group_members
-from fedapp.config import PROJECT_ROOT
+from fedapp.cli import LocalSuperLink, _run_status, group_members, toml_value
+from fedapp.config import PROJECT_ROOT, read_preset
 
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
@@ -25,39 +25,73 @@ def fedapp(*args, timeout=600):
                           timeout=timeout)
 
 
-def test_smoke_lg_fedavg_writes_results_with_exact_traffic(tmp_path):
-    # With seeded crashing clients (seed 3: some crash, never all three in a round), which the
-    # run must survive and record by partition.
-    from tests.conftest import cfg_of
+# The smoke run every real-run test leans on: FedClassAvg, whose augmented views and the FedHe
+# CNN's dropout both draw random numbers while training; three clients on two Ray actors,
+# sampled 2 of 3, finishing in any order (so the model cache both hits and misses); seeded
+# crashing clients (seed 6: some crash, never every sampled one); a checkpoint every round.
+SMOKE_SETTINGS = {"method": "fedclassavg", "arch-mix": "fedhe-cnn0,cnn4,cnn3",
+                  "model-width": 0.25, "synthetic-train": 300, "fraction-fit": 0.6,
+                  "num-server-rounds": 4, "seed": 6, "fault-crash-fraction": 0.3,
+                  "checkpoint-every": 1}
+SMOKE = ["conf/smoke.toml", *(arg for key, value in SMOKE_SETTINGS.items()
+                              for arg in ("--set", f"{key}={toml_value(value)}"))]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """(the finished `fedapp run` of SMOKE, its run folder)."""
+    out = tmp_path_factory.mktemp("smoke")
+    return fedapp("run", *SMOKE, "--set", 'run-name="smoke"', "--output-dir", str(out)), \
+        out / "smoke"
+
+
+def _expected_failures() -> list[list[int]]:
+    """Per round, the sampled partitions that crash, asking the real clients and strategy."""
+    from tests.conftest import cfg_of, client_manager, make_strategy
     from tests.test_faults import _crashes
-    crashes = _crashes(cfg_of(method="lg-fedavg", num_clients=3, dataset="synthetic",
-                              fault_crash_fraction=0.3, seed=3), 2, 3)
-    assert crashes and all(sum(r == rnd for _, r in crashes) < 3 for rnd in (1, 2))
-    proc = fedapp("run", "conf/smoke.toml", "--set", 'method="lg-fedavg"', "--set", "seed=3",
-                  "--set", "fault-crash-fraction=0.3", "--set", 'run-name="smoke"',
-                  "--output-dir", str(tmp_path))
+    flat = {**read_preset(PROJECT_ROOT / "conf" / "smoke.toml"), **SMOKE_SETTINGS}
+    settings = {k.replace("-", "_"): v for k, v in flat.items()}
+    crashes = _crashes(cfg_of(**settings), settings["num_server_rounds"], 3)
+    strategy = make_strategy(**settings)
+    manager, _ = client_manager(strategy)
+    expected = []
+    for rnd in range(1, settings["num_server_rounds"] + 1):
+        sampled = [strategy.clients[p.cid].partition_id
+                   for p, _ in strategy.configure_fit(rnd, None, manager)]
+        expected.append(sorted(pid for pid in sampled if (pid, rnd) in crashes))
+        assert len(expected[-1]) < len(sampled)  # else the round would fail the run
+    return expected
+
+
+def test_smoke_run_writes_results_with_exact_traffic(smoke_run):
+    proc, run = smoke_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("[fedapp] round") == 2  # one progress line per round
-    run = tmp_path / "smoke"
+    assert proc.stdout.count("[fedapp] round") == 4  # one progress line per round
     summary = json.loads((run / "summary.json").read_text())
     for key in ("method", "dataset", "num_clients", "rounds", "accuracy", "communication",
-                "wall_seconds", "history"):
+                "wall_seconds", "history", "failed_clients", "rejected_clients"):
         assert key in summary
     for key in ("mean", "std", "per_client", "per_architecture"):
         assert key in summary["accuracy"]
     assert set(summary["accuracy"]["per_client"]) == {"0", "1", "2"}
-    # Smoke preset: d=500 (default feature-dim), C=10 -> the head is 5010 floats each way.
+    # FedClassAvg's classifier Linear(512, 10): 5130 floats each way per client per round
+    # (to each client sampled, from each that replied).
     com = summary["communication"]
-    assert com["per_client_per_round_up"] == com["per_client_per_round_down"] == 5010 * 4
-    assert len(summary["history"]) == 2
-    assert len((run / "rounds.jsonl").read_text().splitlines()) == 2
+    assert com["per_client_per_round_up"] == com["per_client_per_round_down"] == 5130 * 4
+    assert len(summary["history"]) == 4
+    assert len((run / "rounds.jsonl").read_text().splitlines()) == 4
     assert (run / "accuracy.png").stat().st_size > 0
     partition = json.loads((run / "partition.json").read_text())
-    assert partition["architectures"] == ["cnn5", "cnn4", "cnn3"]
-    assert [h["failed_clients"] for h in summary["history"]] == [
-        sorted(pid for pid, r in crashes if r == rnd) for rnd in (1, 2)]
-    assert summary["failures"] == len(crashes)
+    assert partition["architectures"] == ["fedhe-cnn0", "cnn4", "cnn3"]
+    # The crashing clients: the run survives them and records who they were.
+    expected = _expected_failures()
+    assert sum(map(len, expected)) > 0
+    assert [h["failed_clients"] for h in summary["history"]] == expected
+    assert summary["failures"] == sum(map(len, expected))
     assert "crashes in round" in (run / "flwr.log").read_text()
+    assert (run / "checkpoint" / "server.pkl").is_file()
+    assert {p.name for p in (run / "client-state").iterdir()} == {
+        "partition-0", "partition-1", "partition-2"}
 
 
 def test_bad_setting_is_refused_before_anything_starts():
@@ -109,11 +143,6 @@ def test_plain_flwr_run_with_a_preset(tmp_path):
     assert link.process.poll() is not None  # nothing left running
 
 
-# Two virtual clients train in parallel, finish in any order and are sampled 2 of 3: the
-# per-client accuracies of every round must still be identical across runs.
-ONE_SEED = ["conf/smoke.toml", "--set", "fraction-fit=0.6", "--set", "num-server-rounds=3"]
-
-
 def _outcome(run_dir: Path) -> list:
     """Every round's per-client accuracies and traffic, and the summary's accuracies."""
     rounds = [json.loads(r) for r in (run_dir / "rounds.jsonl").read_text().splitlines()]
@@ -144,19 +173,13 @@ def _process_groups_under(root: int) -> set[int]:
     return groups
 
 
-def test_one_seed_one_result_even_across_a_kill_and_resume(tmp_path):
-    # Augmented views (FedClassAvg) and dropout (the FedHe CNN) both draw random numbers while
-    # training, and three clients on two Ray actors make the model cache both hit and miss.
-    # One run goes through; the other, with the same seed, is SIGKILLed (its whole process
-    # tree) after its round-2 checkpoint and resumed: every round's per-client accuracies and
-    # traffic, and the final accuracies, must be identical.
-    common = [*ONE_SEED, "--set", 'method="fedclassavg"',
-              "--set", 'arch-mix="fedhe-cnn0,cnn4,cnn3"', "--set", "model-width=0.25",
-              "--set", "num-server-rounds=4",
-              "--set", "synthetic-train=300", "--set", "checkpoint-every=1",
-              "--output-dir", str(tmp_path)]
-    proc = fedapp("run", *common, "--set", 'run-name="whole"')
+def test_one_seed_one_result_even_across_a_kill_and_resume(smoke_run, tmp_path):
+    # The smoke run again, with the same seed, SIGKILLed (its whole process tree) after its
+    # round-2 checkpoint and resumed: every round's per-client accuracies and traffic, and the
+    # final accuracies, must be those of the smoke run, which went through.
+    proc, whole = smoke_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    common = [*SMOKE, "--output-dir", str(tmp_path)]
     run = tmp_path / "killed"
     killed = subprocess.Popen([str(BIN / "fedapp"), "run", *common, "--set",
                                'run-name="killed"'], stdout=subprocess.DEVNULL,
@@ -188,6 +211,6 @@ def test_one_seed_one_result_even_across_a_kill_and_resume(tmp_path):
     proc = fedapp("run", "--resume", str(run))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "resumed after round" in (run / "flwr.log").read_text()
-    assert _outcome(run) == _outcome(tmp_path / "whole")
+    assert _outcome(run) == _outcome(whole)
 
 
