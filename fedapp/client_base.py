@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import functools
 import time
-from pathlib import Path
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
