@@ -14,12 +14,12 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from fedapp.cli import (_free_port, _run_status, group_members, main, stop_process_group,
-                        wait_for_port)
+from fedapp.cli import _free_port, _run_status, group_members, stop_process_group, wait_for_port
 from fedapp.config import PROJECT_ROOT
+from fedapp.main import main
 from fedapp.deploy import connected_env, make_certificates, make_node_key
 
-FEDAPP = [sys.executable, "-m", "fedapp.cli"]
+FEDAPP = [sys.executable, "-m", "fedapp.main"]
 RUN_SETTINGS = ["--set", 'method="lg-fedavg"', "--set", "num-clients=2",
                 "--set", 'arch-mix="cnn5,cnn4"']
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fedapp.cli import main
+from fedapp.main import main
 from fedapp.results import Recorder, round_record
 
 
