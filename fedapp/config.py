@@ -97,6 +97,15 @@ class RunConfig:
     # -- evaluation
     eval_global_test: bool = _opt(False, "also evaluate every client on the global test set")
     global_test_samples: int = _opt(0, "global test subset size (0 = all)", low=0)
+    eval_every: int = _opt(
+        1, "rounds between evaluations; the last round is always evaluated (other rounds "
+        "record training loss and traffic only)", low=1)
+    fraction_evaluate: float = _opt(
+        1.0, "share of the eligible clients evaluated on an evaluation round, drawn from "
+        "(seed, round)", low=0.0, high=1.0, low_open=True)
+    eval_clients: str = _opt(
+        "all", "who is eligible for evaluation: every client, or only the clients sampled for "
+        "training in that round", choices=("all", "participants"))
     # -- robustness against bad uploads
     upload_max_abs: float = _opt(
         1e4, "largest magnitude a float in an upload may have; larger is refused as out of "

@@ -89,14 +89,23 @@ class Recorder:
         # The first round carries the start-up (Ray actors, imports): estimate from the rest.
         recent = [h["seconds"] for h in self.history[1:][-5:]] or [record["seconds"]]
         eta = float(np.mean(recent)) * (self.num_rounds - record["round"])
+        if record.get("evaluated", True):
+            accuracy = format_accuracy(record["accuracy_mean"], record["accuracy_std"])
+        else:
+            accuracy = "not evaluated"
+        loss = record.get("train_loss")
         return (f"{PROGRESS_TAG} round {record['round']}/{self.num_rounds} | accuracy "
-                f"{format_accuracy(record['accuracy_mean'], record['accuracy_std'])} | up "
+                f"{accuracy} | train loss {'n/a' if loss is None else f'{loss:.4f}'} | "
+                f"clients {record['clients_fit']}/{record.get('clients_sampled', '?')} | up "
                 f"{human_bytes(record['bytes_up'])} down {human_bytes(record['bytes_down'])} | "
                 f"{record['seconds']:.1f} s | ETA {eta:.0f} s")
 
     def summary(self) -> dict[str, Any]:
         """The run's summary (see README, 'Results')."""
-        last = self.history[-1] if self.history else {}
+        # The accuracy of the last evaluated round (the last round always is, unless the run
+        # stopped early); records without an "evaluated" list predate eval-every.
+        evaluated = [h for h in self.history if h.get("evaluated", True)]
+        last = evaluated[-1] if evaluated else {}
         per_client = last.get("per_client", {})
         # None (JSON null), not NaN, when no client could be evaluated in the last round.
         acc_mean, acc_std = _mean_std(list(per_client.values())) if per_client else (None, None)
@@ -139,7 +148,8 @@ class Recorder:
                     "framing_* is the encoding around it (npy headers, array names); "
                     "evaluation traffic is reported apart from training traffic.",
         }
-        return {**self.meta, "accuracy": accuracy, "communication": communication,
+        return {**self.meta, "evaluated_rounds": [h["round"] for h in evaluated],
+                "accuracy": accuracy, "communication": communication,
                 "failures": int(sum(h["failures"] for h in self.history)),
                 "rejected": int(sum(h["rejected"] for h in self.history)),
                 # Who: {partition id: rounds in which it failed / had its upload refused}.
@@ -171,14 +181,15 @@ def plot_runs(summaries: Sequence[dict[str, Any]], path: Path, labels: Sequence[
 
     fig, (ax_acc, ax_bytes) = plt.subplots(1, 2, figsize=(11, 4))
     for summary, label in zip(summaries, labels):
-        hist = summary["history"]
+        hist = [h for h in summary["history"] if h.get("evaluated", True)]
         rounds = [h["round"] for h in hist]
         mean = np.array([h["accuracy_mean"] for h in hist], dtype=float)  # None -> nan
         std = np.array([h["accuracy_std"] for h in hist], dtype=float)
         line, = ax_acc.plot(rounds, mean, marker="o", ms=3, label=label)
         ax_acc.fill_between(rounds, mean - std, mean + std, alpha=0.15, color=line.get_color())
-        total = np.cumsum([h["bytes_up"] + h["bytes_down"] for h in hist])
-        ax_bytes.plot(rounds, total / 2**20, marker="o", ms=3, label=label,
+        every = summary["history"]
+        total = np.cumsum([h["bytes_up"] + h["bytes_down"] for h in every])
+        ax_bytes.plot([h["round"] for h in every], total / 2**20, marker="o", ms=3, label=label,
                       color=line.get_color())
     ax_acc.set(xlabel="round", ylabel="local test accuracy (mean ± std over clients)")
     ax_bytes.set(xlabel="round", ylabel="cumulative MiB (up + down)")

@@ -5,8 +5,8 @@ maths: deterministic client sampling, one ``FitIns`` per client (methods may sen
 payloads to different clients), the one validation path for uploads (identity, claimed size,
 wire dtypes, magnitude, the method's spec: a malformed or hostile payload is rejected with a
 logged reason and the round goes on), tolerance of failed clients (who failed is recorded),
-byte accounting of what really crosses the wire, evaluation of every client every round, the
-results folder, and checkpoints (a method's state is whatever it adds to the base).
+byte accounting of what really crosses the wire, evaluation on the rounds and clients the
+run asks for (``eval-every``, ``fraction-evaluate``, ``eval-clients``), the results folder, and checkpoints (a method's state is whatever it adds to the base).
 
 A method overrides :meth:`FedStrategy.fit_payload`, :meth:`FedStrategy.upload_spec` (and
 optionally :meth:`FedStrategy.check_upload` or :meth:`FedStrategy.validate_upload`),
@@ -138,6 +138,8 @@ class FedStrategy(Strategy):
         self._failed: list[int] = []  # partition ids that crashed or timed out, this round
         self._rejected: list[int] = []  # partition ids whose upload was refused, this round
         self._client_seconds = 0.0
+        self._train_loss: float | None = None  # mean over this round's uploads
+        self._evaluated: list[int] = []  # partition ids asked to evaluate, this round
         # Flower counts rounds from 1 in every run; a resumed run continues after its last
         # checkpoint, so the rounds every method sees are Flower's plus this offset.
         self.round_offset = 0
@@ -272,6 +274,7 @@ class FedStrategy(Strategy):
         self._counts = {"clients_fit": 0, "failures": 0, "rejected": 0}
         self._failed, self._rejected = [], []
         self._client_seconds = 0.0
+        self._train_loss, self._evaluated = None, []
         available = self._wait_and_list(client_manager)
         n = max(self.cfg.min_fit_clients, math.ceil(self.cfg.fraction_fit * len(available)))
         n = min(n, len(available))
@@ -324,6 +327,9 @@ class FedStrategy(Strategy):
         self._counts["clients_fit"] = len(uploads)
         # Time the clients spent computing, to tell it apart from the framework's share.
         self._client_seconds = sum(_seconds(u.metrics, "train-seconds") for u in uploads)
+        losses = [loss for u in uploads
+                  if (loss := _number(u.metrics.get("train-loss"), low=0.0)) is not None]
+        self._train_loss = float(np.mean(losses)) if losses else None
         if not uploads:
             raise RoundFailed(
                 f"round {server_round}: no client returned a usable update "
@@ -353,15 +359,37 @@ class FedStrategy(Strategy):
                                f"({known.arch}) and now claims {pid} ({arch})")
         return info
 
+    def evaluation_clients(self, server_round: int, available: list[ClientProxy]
+                           ) -> list[ClientProxy]:
+        """Who is evaluated this round: nobody between ``eval-every`` rounds (the last round
+        always is), else ``fraction-evaluate`` of the eligible clients (all, or the round's
+        participants), drawn from (seed, round) so that a seed fixes the schedule."""
+        cfg = self.cfg
+        if server_round % cfg.eval_every and server_round != cfg.num_server_rounds:
+            return []
+        pool = available if cfg.eval_clients == "all" else \
+            [p for p in available if p.cid in self._sampled]
+        n = min(len(pool), max(1, math.ceil(cfg.fraction_evaluate * len(pool))))
+        if n == len(pool):
+            return pool
+        rng = np.random.default_rng(derive_seed(cfg.seed, "evaluate", server_round))
+        return [pool[i] for i in sorted(rng.choice(len(pool), n, replace=False))]
+
     def configure_evaluate(self, server_round: int, parameters: Parameters,
                            client_manager: ClientManager
                            ) -> list[tuple[ClientProxy, EvaluateIns]]:
         server_round += self.round_offset
-        # Every client is evaluated every round (not only the ones that trained), as
-        # FedClassAvg and FedGH's code report the mean over all clients.
+        # By default every client is evaluated every round (not only the ones that trained),
+        # as FedClassAvg and FedGH's code report the mean over all clients.
+        chosen = self.evaluation_clients(server_round, self._wait_and_list(client_manager))
+        self._evaluated = sorted(self.clients[p.cid].partition_id for p in chosen)
+        if not chosen:
+            # Flower skips aggregate_evaluate when nobody is asked: the round ends here.
+            self._finish_round(server_round, [])
+            return []
         encoded = _Encoder()
         instructions = []
-        for proxy in self._wait_and_list(client_manager):
+        for proxy in chosen:
             params, size = encoded(self.eval_payload(server_round, self.clients.get(proxy.cid)))
             self._eval_down += size.total
             instructions.append((proxy, EvaluateIns(params,
@@ -387,27 +415,35 @@ class FedStrategy(Strategy):
             log(WARNING, "round %s: a client failed during evaluation: %r", server_round,
                 failure if isinstance(failure, BaseException) else failure[1].status.message)
         evals.sort(key=lambda e: e["partition-id"])
+        self._finish_round(server_round, evals)
+        return None, {}
+
+    def _finish_round(self, server_round: int, evals: list[dict[str, Any]]) -> None:
+        """Record the round (with its evaluations, if it had any), checkpoint, and at the last
+        round write the summary."""
         up = sum(self._up.values(), WireSize())
         down = sum(self._down.values(), WireSize())
         traffic = {"bytes_up": up.data, "bytes_down": down.data, "framing_up": up.framing,
                    "framing_down": down.framing, "eval_bytes_down": self._eval_down}
         client_seconds = self._client_seconds + sum(_seconds(e, "eval-seconds") for e in evals)
         who = {"clients_sampled": len(self._sampled), "failed_clients": self._failed,
-               "rejected_clients": sorted(self._rejected)}
+               "rejected_clients": sorted(self._rejected), "evaluated": self._evaluated,
+               "train_loss": self._train_loss}
         record = round_record(server_round, evals, traffic, {**self._counts, **who},
                               time.time() - self._round_started, client_seconds)
-        if self.recorder is not None:
-            log(INFO, self.recorder.record_round(record))
-            every = self.cfg.checkpoint_every
-            if every and server_round % every == 0:
-                checkpoint.save_server(self.recorder.run_dir / "checkpoint", server_round,
-                                       self.method_state())
-            if server_round == self.recorder.num_rounds:
-                summary = self.recorder.finish()
-                acc = summary["accuracy"]
-                log(INFO, "[fedapp] done: accuracy %s over %d clients; results in %s",
-                    format_accuracy(acc["mean"], acc["std"]), len(evals), self.recorder.run_dir)
-        return None, {}
+        if self.recorder is None:
+            return
+        log(INFO, self.recorder.record_round(record))
+        every = self.cfg.checkpoint_every
+        if every and server_round % every == 0:
+            checkpoint.save_server(self.recorder.run_dir / "checkpoint", server_round,
+                                   self.method_state())
+        if server_round == self.recorder.num_rounds:
+            summary = self.recorder.finish()
+            acc = summary["accuracy"]
+            log(INFO, "[fedapp] done: accuracy %s over %d clients; results in %s",
+                format_accuracy(acc["mean"], acc["std"]), len(acc["per_client"]),
+                self.recorder.run_dir)
 
     def evaluate(self, server_round: int, parameters: Parameters
                  ) -> tuple[float, dict[str, Scalar]] | None:
