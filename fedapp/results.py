@@ -2,7 +2,8 @@
 
 ``config.json`` (the resolved settings), ``partition.json`` (per-client class counts),
 ``rounds.jsonl`` (one line per round, appended as the run goes, so a crashed run keeps its
-history), ``summary.json`` and ``accuracy.png``.
+history), ``summary.json`` and ``accuracy.png``; the asynchronous loop adds ``updates.jsonl``
+(one line per client update) and ``timeline.png``.
 """
 
 from __future__ import annotations
@@ -100,6 +101,11 @@ class Recorder:
                 f"{human_bytes(record['bytes_up'])} down {human_bytes(record['bytes_down'])} | "
                 f"{record['seconds']:.1f} s | ETA {eta:.0f} s")
 
+    def record_update(self, update: dict[str, Any]) -> None:
+        """Append one client update of the asynchronous loop to ``updates.jsonl``."""
+        with open(self.run_dir / "updates.jsonl", "a") as fh:
+            fh.write(json.dumps(update, default=_json_default, allow_nan=False) + "\n")
+
     def summary(self) -> dict[str, Any]:
         """The run's summary (see README, 'Results')."""
         # The accuracy of the last evaluated round (the last round always is, unless the run
@@ -155,11 +161,14 @@ class Recorder:
                 # Who: {partition id: rounds in which it failed / had its upload refused}.
                 "failed_clients": _tally(h.get("failed_clients", []) for h in self.history),
                 "rejected_clients": _tally(h.get("rejected_clients", []) for h in self.history),
+                # What the run takes if clients are as fast as fedapp.speeds says.
+                "virtual_seconds": float(sum(h.get("virtual_seconds", 0.0)
+                                             for h in self.history)),
                 "wall_seconds": time.time() - self.started, "history": self.history}
 
-    def finish(self) -> dict[str, Any]:
-        """Write ``summary.json`` and the plot; return the summary."""
-        summary = self.summary()
+    def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write ``summary.json`` (with a loop's ``extra`` keys) and the plot; return it."""
+        summary = {**self.summary(), **(extra or {})}
         write_json(self.run_dir / "summary.json", summary)
         plot_runs([summary], self.run_dir / "accuracy.png", [summary["method"]])
         return summary
@@ -237,3 +246,28 @@ def round_record(server_round: int, evals: Sequence[dict[str, Any]], traffic: di
     if math.isnan(mean):
         record["accuracy_mean"] = record["accuracy_std"] = None
     return record
+
+
+def plot_timeline(updates: Sequence[dict[str, Any]], evaluations: Sequence[float], path: Path,
+                  title: str) -> None:
+    """Clients x virtual time: one bar per update from its dispatch to its commit (grey:
+    rejected, red: failed), dotted lines where evaluations were called."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    clients = sorted({u["client"] for u in updates})
+    fig, ax = plt.subplots(figsize=(11, 0.35 * len(clients) + 1.5))
+    colours = {"ok": "tab:blue", "rejected": "tab:grey", "failed": "tab:red"}
+    for u in updates:
+        start, end = u["virtual_start"], u["virtual_end"]
+        ax.barh(clients.index(u["client"]), end - start, left=start, height=0.6,
+                color=colours[u["status"]], edgecolor="white", linewidth=0.5)
+    for t in evaluations:
+        ax.axvline(t, color="black", linestyle=":", linewidth=0.8)
+    ax.set_yticks(range(len(clients)), [str(c) for c in clients])
+    ax.set(xlabel="virtual time (1 = one update of a normal-speed client)", ylabel="client",
+           title=title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

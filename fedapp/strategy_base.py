@@ -38,6 +38,7 @@ from fedapp.config import RunConfig
 from fedapp.payload import (ArraySpec, Payload, PayloadError, WireSize, decode, encode,
                             float32, validate, wire_size)
 from fedapp.results import Recorder, format_accuracy, round_record
+from fedapp.speeds import update_duration
 from fedapp.training import derive_seed
 
 
@@ -92,7 +93,7 @@ def clean_eval_metrics(metrics: Mapping[str, Scalar]) -> dict[str, Scalar]:
     return clean
 
 
-class _Encoder:
+class Encoder:
     """Encodes payloads for one round's messages, once per distinct payload object: a method
     that sends everyone the same global model returns the same dict, encoded only once."""
 
@@ -230,7 +231,9 @@ class FedStrategy(Strategy):
         # Empty rather than None: None would make Flower ask one client for its weights.
         return Parameters(tensors=[], tensor_type="")
 
-    def _wait_and_list(self, client_manager: ClientManager) -> list[ClientProxy]:
+    def list_clients(self, client_manager: ClientManager) -> list[ClientProxy]:
+        """Every connected client whose identity is known, in partition order (waits for
+        ``num-clients`` and asks the newcomers who they are)."""
         now = time.time
         want, deadline = self.cfg.num_clients, now() + self.cfg.wait_for_clients_seconds
         # Wait in slices and say so, rather than sit silent until the timeout: a simulation
@@ -275,14 +278,14 @@ class FedStrategy(Strategy):
         self._failed, self._rejected = [], []
         self._client_seconds = 0.0
         self._train_loss, self._evaluated = None, []
-        available = self._wait_and_list(client_manager)
+        available = self.list_clients(client_manager)
         n = max(self.cfg.min_fit_clients, math.ceil(self.cfg.fraction_fit * len(available)))
         n = min(n, len(available))
         # Sampling from (seed, round), not Flower's global RNG, so a seed fixes the schedule.
         rng = np.random.default_rng(derive_seed(self.cfg.seed, "sample", server_round))
         chosen = [available[i] for i in sorted(rng.choice(len(available), n, replace=False))]
         self._sampled = {}
-        encoded = _Encoder()
+        encoded = Encoder()
         instructions = []
         for proxy in chosen:
             params, size = encoded(self.fit_payload(server_round, self.clients.get(proxy.cid)))
@@ -300,21 +303,14 @@ class FedStrategy(Strategy):
         for proxy, res in results:
             self._up[proxy.cid] = wire_size(res.parameters)
             try:
-                client = self._identify(proxy, res.metrics)
-                if client.partition_id in seen:
-                    raise PayloadError(f"partition {client.partition_id} already uploaded in "
-                                       "this round")
-                seen.add(client.partition_id)
-                self.check_num_examples(res.num_examples, client)
-                payload = decode(res.parameters, max_abs=self.cfg.upload_max_abs)
-                self.validate_upload(payload, client)
+                upload = self.accept_upload(proxy, res, seen)
             except PayloadError as exc:
                 self._counts["rejected"] += 1
                 self._rejected.append(self._sampled.get(proxy.cid, -1))
                 log(WARNING, "round %s: rejected the upload of client %s: %s", server_round,
                     proxy.cid, exc)
                 continue
-            uploads.append(Upload(client, res.num_examples, payload, res.metrics))
+            uploads.append(upload)
         for failure in failures:
             self._counts["failures"] += 1
             reason = failure if isinstance(failure, BaseException) else failure[1].status.message
@@ -337,6 +333,19 @@ class FedStrategy(Strategy):
                 "see the warnings above.")
         self.aggregate(server_round, uploads)
         return None, {}
+
+    def accept_upload(self, proxy: ClientProxy, res: FitRes, seen: set[int]) -> Upload:
+        """The one validation path of every upload, whatever the loop: who sent it (and not
+        twice: ``seen`` holds the partitions already heard in this round), its claimed size,
+        its wire dtypes and magnitudes, the method's spec. Raises PayloadError."""
+        client = self._identify(proxy, res.metrics)
+        if client.partition_id in seen:
+            raise PayloadError(f"partition {client.partition_id} already uploaded in this round")
+        seen.add(client.partition_id)
+        self.check_num_examples(res.num_examples, client)
+        payload = decode(res.parameters, max_abs=self.cfg.upload_max_abs)
+        self.validate_upload(payload, client)
+        return Upload(client, res.num_examples, payload, res.metrics)
 
     def _identify(self, proxy: ClientProxy, metrics: Mapping[str, Scalar]) -> ClientInfo:
         pid, arch = metrics.get("partition-id"), metrics.get("arch")
@@ -381,13 +390,13 @@ class FedStrategy(Strategy):
         server_round += self.round_offset
         # By default every client is evaluated every round (not only the ones that trained),
         # as FedClassAvg and FedGH's code report the mean over all clients.
-        chosen = self.evaluation_clients(server_round, self._wait_and_list(client_manager))
+        chosen = self.evaluation_clients(server_round, self.list_clients(client_manager))
         self._evaluated = sorted(self.clients[p.cid].partition_id for p in chosen)
         if not chosen:
             # Flower skips aggregate_evaluate when nobody is asked: the round ends here.
             self._finish_round(server_round, [])
             return []
-        encoded = _Encoder()
+        encoded = Encoder()
         instructions = []
         for proxy in chosen:
             params, size = encoded(self.eval_payload(server_round, self.clients.get(proxy.cid)))
@@ -428,7 +437,11 @@ class FedStrategy(Strategy):
         client_seconds = self._client_seconds + sum(_seconds(e, "eval-seconds") for e in evals)
         who = {"clients_sampled": len(self._sampled), "failed_clients": self._failed,
                "rejected_clients": sorted(self._rejected), "evaluated": self._evaluated,
-               "train_loss": self._train_loss}
+               "train_loss": self._train_loss,
+               # What the round would take if clients were as fast as fedapp.speeds says: the
+               # barrier waits for the slowest client sampled.
+               "virtual_seconds": max((update_duration(self.cfg, pid, server_round)
+                                       for pid in self._sampled.values()), default=0.0)}
         record = round_record(server_round, evals, traffic, {**self._counts, **who},
                               time.time() - self._round_started, client_seconds)
         if self.recorder is None:
