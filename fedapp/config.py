@@ -367,10 +367,18 @@ def resolve_preset(name_or_path: str) -> Path:
     return path.resolve()
 
 
-def read_preset(path: Path) -> dict[str, Any]:
-    """A preset file's overrides, flattened to run-config keys."""
+def read_preset(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A preset file's overrides, flattened to run-config keys. A preset may start from another
+    (``extends = "name"``) and change a few of its settings."""
     with open(path, "rb") as fh:
-        return _flatten(tomllib.load(fh))
+        table = tomllib.load(fh)
+    base = table.pop("extends", None)
+    if base is None:
+        return _flatten(table)
+    base_path = resolve_preset(str(base))
+    if base_path in _seen or base_path == Path(path).resolve():
+        raise ConfigError(f"preset {path} extends {base!r}, which extends it again")
+    return {**read_preset(base_path, (*_seen, Path(path).resolve())), **_flatten(table)}
 
 
 def parse_override(text: str) -> tuple[str, Any]:

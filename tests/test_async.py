@@ -104,8 +104,10 @@ def run_config(**overrides) -> dict:
     return flat
 
 
-def run_async(tmp_path, name, shuffle=None, break_reply=None, **overrides):
-    flat = run_config(**overrides)
+def run_async(tmp_path, name, shuffle=None, break_reply=None, flat=None, **overrides):
+    """(summary, updates.jsonl lines, strategy) of an asynchronous run on the fake grid, of
+    ``run_config(**overrides)`` or of a whole flat run config ``flat``."""
+    flat = flat or run_config(**overrides)
     cfg = load_config(flat)
     rounds = AsyncLoop.evaluations_of(cfg)
     recorder = Recorder(tmp_path / name, method=cfg.method, dataset=cfg.dataset,
