@@ -46,8 +46,7 @@ from fedapp.config import RunConfig
 from fedapp.payload import PayloadError, WireSize, wire_size
 from fedapp.results import Recorder, format_accuracy, plot_timeline, round_record
 from fedapp.speeds import update_duration
-from fedapp.strategy_base import (Encoder, FedStrategy, RoundFailed, _number,
-                                  clean_eval_metrics)
+from fedapp.strategy_base import Encoder, FedStrategy, RoundFailed, finite_number
 
 
 @dataclass
@@ -185,7 +184,7 @@ class AsyncLoop:
             payload = self.strategy.fit_payload(update, self.strategy.clients[
                 self.proxies[pid].cid])
             params, size = Encoder()(payload)
-            ins = FitIns(params, self.strategy._message_config(update))
+            ins = FitIns(params, self.strategy.message_config(update))
             self.training[pid] = Work(pid, update, self.committed, self.now,
                                       self.now + update_duration(self.cfg, pid, update), ins,
                                       size)
@@ -250,9 +249,9 @@ class AsyncLoop:
             else:
                 self.strategy.aggregate(self.committed, [upload])
                 self.window["clients_fit"] += 1
-                if (loss := _number(upload.metrics.get("train-loss"), low=0.0)) is not None:
+                if (loss := finite_number(upload.metrics.get("train-loss"), low=0.0)) is not None:
                     self.window["losses"].append(loss)
-                self.window["client_seconds"] += _number(
+                self.window["client_seconds"] += finite_number(
                     upload.metrics.get("train-seconds", 0.0), low=0.0) or 0.0
             self.idle.append(pid)
         record = {"update": self.committed if status != "failed" else None, "client": pid,
@@ -293,7 +292,7 @@ class AsyncLoop:
         client = self.strategy.clients[self.proxies[pid].cid]
         params, size = Encoder()(self.strategy.eval_payload(self.committed, client))
         self.window["eval_bytes_down"] += size.total
-        ins = EvaluateIns(params, self.strategy._message_config(self.updates_done[pid]))
+        ins = EvaluateIns(params, self.strategy.message_config(self.updates_done[pid]))
         self.evaluating[pid] = grid_io.push(self.grid, self.proxies[pid], ins,
                                             self.cfg.async_ttl, f"evaluate-{self.committed}")
 
@@ -301,9 +300,8 @@ class AsyncLoop:
         del self.evaluating[pid]
         metrics = None
         try:
-            res = grid_io.evaluate_result(reply)
-            client = self.strategy._identify(self.proxies[pid], res.metrics)
-            metrics = {**clean_eval_metrics(res.metrics), "partition-id": client.partition_id}
+            metrics = self.strategy.accept_evaluation(self.proxies[pid],
+                                                      grid_io.evaluate_result(reply))
         except (grid_io.ClientFailed, PayloadError) as exc:
             log(WARNING, "ignored the evaluation of client %d: %s", pid, exc)
         for evaluation in self.evaluations[self.recorded:]:
@@ -327,7 +325,7 @@ class AsyncLoop:
                           virtual_time=e.virtual_time, virtual_seconds=w["virtual_seconds"],
                           train_loss=float(np.mean(w["losses"])) if w["losses"] else None)
             client_seconds = w["client_seconds"] + sum(
-                _number(r.get("eval-seconds", 0.0), low=0.0) or 0.0 for r in evals)
+                finite_number(r.get("eval-seconds", 0.0), low=0.0) or 0.0 for r in evals)
             record = round_record(e.index, evals, traffic, counts, w["seconds"], client_seconds)
             log(INFO, self.recorder.record_round(record) + f" | {e.updates} updates")
             self.recorded += 1
@@ -342,6 +340,8 @@ class AsyncLoop:
                 per_client[str(u["client"])] = per_client.get(str(u["client"]), 0) + 1
         extra = {
             "loop": "async", "clock": self.cfg.clock,
+            # Under the arrival clock commits follow real time, so no virtual time is kept.
+            "virtual_seconds": self.now if self.cfg.clock == "virtual" else None,
             "updates": {"committed": self.committed, "budget": self.budget,
                         "per_client": dict(sorted(per_client.items(), key=lambda kv: int(kv[0]))),
                         "failed": sum(u["status"] == "failed" for u in self.updates),

@@ -6,7 +6,11 @@ payloads to different clients), the one validation path for uploads (identity, c
 wire dtypes, magnitude, the method's spec: a malformed or hostile payload is rejected with a
 logged reason and the round goes on), tolerance of failed clients (who failed is recorded),
 byte accounting of what really crosses the wire, evaluation on the rounds and clients the
-run asks for (``eval-every``, ``fraction-evaluate``, ``eval-clients``), the results folder, and checkpoints (a method's state is whatever it adds to the base).
+run asks for (``eval-every``, ``fraction-evaluate``, ``eval-clients``), the results folder,
+and checkpoints (a method's state is whatever it adds to the base). The asynchronous loop
+(``fedapp.async_loop``) reaches the same validation and the method's maths through
+:meth:`FedStrategy.accept_upload`, :meth:`FedStrategy.accept_evaluation` and
+:meth:`FedStrategy.aggregate`.
 
 A method overrides :meth:`FedStrategy.fit_payload`, :meth:`FedStrategy.upload_spec` (and
 optionally :meth:`FedStrategy.check_upload` or :meth:`FedStrategy.validate_upload`),
@@ -61,7 +65,8 @@ class Upload:
     metrics: Mapping[str, Scalar]
 
 
-def _number(value: Any, low: float = -math.inf, high: float = math.inf) -> float | None:
+def finite_number(value: Any, low: float = -math.inf,
+                  high: float = math.inf) -> float | None:
     """``value`` as a finite float in ``[low, high]``, or None (bools are not numbers)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -70,7 +75,7 @@ def _number(value: Any, low: float = -math.inf, high: float = math.inf) -> float
 
 
 def _seconds(metrics: Mapping[str, Any], key: str) -> float:
-    return _number(metrics.get(key, 0.0), low=0.0) or 0.0
+    return finite_number(metrics.get(key, 0.0), low=0.0) or 0.0
 
 
 def clean_eval_metrics(metrics: Mapping[str, Scalar]) -> dict[str, Scalar]:
@@ -78,17 +83,17 @@ def clean_eval_metrics(metrics: Mapping[str, Scalar]) -> dict[str, Scalar]:
     number in [0, 1] (else PayloadError: the evaluation is ignored); other accuracies
     (``global-accuracy``, ``accuracy-<variant>``) likewise, losses and seconds finite and
     non-negative — an optional metric that is not is dropped. Whatever is kept is JSON-safe."""
-    if _number(metrics.get("accuracy"), 0.0, 1.0) is None:
+    if finite_number(metrics.get("accuracy"), 0.0, 1.0) is None:
         raise PayloadError(f"accuracy {metrics.get('accuracy')!r} is not a number in [0, 1]")
     clean: dict[str, Scalar] = {}
     for key, value in metrics.items():
         if key in ("partition-id", "arch", "own-data"):
             clean[key] = value
         elif key == "accuracy" or key == "global-accuracy" or key.startswith("accuracy-"):
-            if (number := _number(value, 0.0, 1.0)) is not None:
+            if (number := finite_number(value, 0.0, 1.0)) is not None:
                 clean[key] = number
         elif key.endswith("-loss") or key.endswith("-seconds"):
-            if (number := _number(value, low=0.0)) is not None:
+            if (number := finite_number(value, low=0.0)) is not None:
                 clean[key] = number
     return clean
 
@@ -220,7 +225,9 @@ class FedStrategy(Strategy):
         vars(self).update(method_state)
         self.round_offset = server_round
 
-    def _message_config(self, server_round: int) -> dict[str, Scalar]:
+    def message_config(self, server_round: int) -> dict[str, Scalar]:
+        """The config of every message for ``server_round`` (in the asynchronous loop: the
+        client's own update number, which keys its random streams)."""
         config: dict[str, Scalar] = {"server-round": server_round}
         if self.cfg.checkpoint_every and self.recorder is not None:
             config["state-dir"] = str(self.recorder.run_dir / "client-state")
@@ -291,7 +298,7 @@ class FedStrategy(Strategy):
             params, size = encoded(self.fit_payload(server_round, self.clients.get(proxy.cid)))
             self._down[proxy.cid] = size
             self._sampled[proxy.cid] = self.clients[proxy.cid].partition_id
-            instructions.append((proxy, FitIns(params, self._message_config(server_round))))
+            instructions.append((proxy, FitIns(params, self.message_config(server_round))))
         return instructions
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
@@ -324,7 +331,7 @@ class FedStrategy(Strategy):
         # Time the clients spent computing, to tell it apart from the framework's share.
         self._client_seconds = sum(_seconds(u.metrics, "train-seconds") for u in uploads)
         losses = [loss for u in uploads
-                  if (loss := _number(u.metrics.get("train-loss"), low=0.0)) is not None]
+                  if (loss := finite_number(u.metrics.get("train-loss"), low=0.0)) is not None]
         self._train_loss = float(np.mean(losses)) if losses else None
         if not uploads:
             raise RoundFailed(
@@ -402,7 +409,7 @@ class FedStrategy(Strategy):
             params, size = encoded(self.eval_payload(server_round, self.clients.get(proxy.cid)))
             self._eval_down += size.total
             instructions.append((proxy, EvaluateIns(params,
-                                                    self._message_config(server_round))))
+                                                    self.message_config(server_round))))
         return instructions
 
     def aggregate_evaluate(self, server_round: int,
@@ -413,19 +420,22 @@ class FedStrategy(Strategy):
         evals = []
         for proxy, res in results:
             try:
-                client = self._identify(proxy, res.metrics)
-                metrics = clean_eval_metrics(res.metrics)
+                evals.append(self.accept_evaluation(proxy, res))
             except PayloadError as exc:
                 log(WARNING, "round %s: ignored the evaluation of client %s: %s", server_round,
                     proxy.cid, exc)
-                continue
-            evals.append({**metrics, "partition-id": client.partition_id})
         for failure in failures:
             log(WARNING, "round %s: a client failed during evaluation: %r", server_round,
                 failure if isinstance(failure, BaseException) else failure[1].status.message)
         evals.sort(key=lambda e: e["partition-id"])
         self._finish_round(server_round, evals)
         return None, {}
+
+    def accept_evaluation(self, proxy: ClientProxy, res: EvaluateRes) -> dict[str, Scalar]:
+        """A client's evaluation metrics, checked (:func:`clean_eval_metrics`) and tagged with
+        who it is. Raises PayloadError."""
+        client = self._identify(proxy, res.metrics)
+        return {**clean_eval_metrics(res.metrics), "partition-id": client.partition_id}
 
     def _finish_round(self, server_round: int, evals: list[dict[str, Any]]) -> None:
         """Record the round (with its evaluations, if it had any), checkpoint, and at the last
