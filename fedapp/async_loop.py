@@ -119,9 +119,7 @@ class AsyncLoop:
     # -- the loop --------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        manager = grid_io.client_manager(self.grid, cfg.num_clients,
-                                         cfg.wait_for_clients_seconds)
-        for proxy in self.strategy.list_clients(manager):
+        for proxy in self.strategy.list_clients(grid_io.GridClientManager(self.grid)):
             pid = self.strategy.clients[proxy.cid].partition_id
             self.proxies[pid] = proxy
             self.idle.append(pid)

@@ -10,11 +10,8 @@ becomes a ``"train"``/``"evaluate"`` message with Flower's own converters (those
 from __future__ import annotations
 
 import time
-from logging import WARNING
-
 from flwr.app import Message, MessageType
 from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes
-from flwr.common.logger import log
 from flwr.compat.common.recorddict_compat import (evaluateins_to_recorddict,
                                                   fitins_to_recorddict,
                                                   recorddict_to_evaluateres,
@@ -30,22 +27,24 @@ class ClientFailed(RuntimeError):
     TTL ran out, the node went away)."""
 
 
-def client_manager(grid: Grid, want: int, wait_seconds: float) -> SimpleClientManager:
-    """A client manager holding a proxy for every node online, once ``want`` are (or the wait
-    is over: the caller's own check then says who is missing)."""
-    deadline, said = time.time() + wait_seconds, 0.0
-    while True:
-        ids = sorted(grid.get_node_ids())
-        if len(ids) >= want or time.time() >= deadline:
-            break
-        if time.time() - said >= 10:
-            log(WARNING, "waiting for clients: %d of num-clients=%d connected", len(ids), want)
-            said = time.time()
-        time.sleep(0.5)
-    manager = SimpleClientManager()
-    for node_id in ids:
-        manager.register(GridClientProxy(node_id, grid, grid.run.run_id))
-    return manager
+class GridClientManager(SimpleClientManager):
+    """A client manager that learns the nodes from the Grid: waiting for clients polls
+    ``grid.get_node_ids()`` (it lists the nodes online now) and registers a proxy for each new
+    one, so the Strategy's own waiting, messages and identity checks serve this loop too."""
+
+    def __init__(self, grid: Grid) -> None:
+        super().__init__()
+        self.grid = grid
+
+    def wait_for(self, num_clients: int, timeout: int = 86400) -> bool:
+        deadline = time.time() + timeout
+        while True:
+            for node_id in sorted(self.grid.get_node_ids()):
+                if str(node_id) not in self.clients:
+                    self.register(GridClientProxy(node_id, self.grid, self.grid.run.run_id))
+            if len(self.clients) >= num_clients or time.time() >= deadline:
+                return len(self.clients) >= num_clients
+            time.sleep(0.5)
 
 
 def push(grid: Grid, proxy: ClientProxy, ins: FitIns | EvaluateIns, ttl: float,

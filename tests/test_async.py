@@ -215,6 +215,18 @@ def test_a_failing_client_is_retried_then_dropped(tmp_path, caplog):
     assert "2" not in summary["accuracy"]["per_client"]  # dropped: not evaluated at the end
 
 
+def test_too_few_nodes_fail_the_run_with_a_message(tmp_path):
+    from fedapp.strategy_base import RoundFailed
+    flat = run_config(wait_for_clients_seconds=1)
+    cfg = load_config(flat)
+    recorder = Recorder(tmp_path / "few", method="fedhe", dataset="synthetic", num_clients=4,
+                        num_rounds=3, config={}, partition={})
+    strategy = METHODS["fedhe"].strategy(cfg, recorder, input_shape=(1, 28, 28),
+                                         num_classes=10)
+    with pytest.raises(RoundFailed, match="only 3 of num-clients=4 clients connected"):
+        AsyncLoop(FakeGrid(flat, 3), strategy, recorder).run()
+
+
 def test_every_client_dropped_fails_the_run(tmp_path):
     from fedapp.strategy_base import RoundFailed
 
