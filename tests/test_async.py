@@ -253,3 +253,11 @@ def test_methods_that_aggregate_whole_rounds_are_refused():
         load_config(run_config(method="fedgh"))
     with pytest.raises(ConfigError, match="keeps no checkpoints"):
         load_config(run_config(checkpoint_every=1))
+
+
+def test_fedapp_methods_says_which_methods_run_without_a_barrier(capsys):
+    from fedapp.main import main
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in METHODS)
+    assert 'server-loop = "async" (no round barrier) runs: standalone, fedhe' in out
