@@ -344,6 +344,8 @@ def cmd_methods(args: argparse.Namespace) -> int:
     from strategies import METHODS
     for name, method in METHODS.items():
         print(f"{name:14s} {method.summary}")
+    print("\nserver-loop = \"async\" (no round barrier) runs: "
+          + ", ".join(n for n, m in METHODS.items() if m.asynchronous))
     return 0
 
 

@@ -26,6 +26,7 @@ from fedapp.config import ConfigError, RunConfig
 from fedapp.local_data import expected_input, load_local_data
 from fedapp.partitions import ClientData, load_client_data
 from fedapp.payload import Payload, from_ndarrays, to_ndarrays
+from fedapp.speeds import has_stragglers, update_duration
 from fedapp.training import (TrainStats, derive_seed, evaluate, isolated_rng, make_optimizer,
                              pick_device, train_epochs)
 
@@ -283,6 +284,10 @@ class FedClient(NumPyClient):
             stats = self.train(server_round)
             seconds = time.perf_counter() - start
             upload = self.upload()
+        if self.cfg.clock == "arrival" and has_stragglers(self.cfg):
+            # A slower device: the same work, taking (duration - 1) x longer (fedapp.speeds).
+            time.sleep(max(0.0, update_duration(self.cfg, self.partition_id, server_round) - 1)
+                       * seconds)
         self.save_state(server_round)
         metrics = {**self.identity(), "train-loss": stats.loss, "train-seconds": seconds,
                    "train-samples": stats.samples, **self.fit_metrics()}

@@ -97,6 +97,15 @@ class RunConfig:
     # -- evaluation
     eval_global_test: bool = _opt(False, "also evaluate every client on the global test set")
     global_test_samples: int = _opt(0, "global test subset size (0 = all)", low=0)
+    eval_every: int = _opt(
+        1, "rounds between evaluations; the last round is always evaluated (other rounds "
+        "record training loss and traffic only)", low=1)
+    fraction_evaluate: float = _opt(
+        1.0, "share of the eligible clients evaluated on an evaluation round, drawn from "
+        "(seed, round)", low=0.0, high=1.0, low_open=True)
+    eval_clients: str = _opt(
+        "all", "who is eligible for evaluation: every client, or only the clients sampled for "
+        "training in that round", choices=("all", "participants"))
     # -- robustness against bad uploads
     upload_max_abs: float = _opt(
         1e4, "largest magnitude a float in an upload may have; larger is refused as out of "
@@ -129,6 +138,37 @@ class RunConfig:
         0.0, "probability that a client stalls fault-stall-seconds before training, per "
         "client and round", low=0.0, high=1.0)
     fault_stall_seconds: float = _opt(60.0, "how long a stalled client stalls", low=0.0)
+    # -- the server loop: synchronous rounds, or no barrier at all (methods whose server takes
+    #    one upload at a time; see `fedapp methods`)
+    server_loop: str = _opt(
+        "rounds", "'rounds' (synchronous: every round waits for its clients) or 'async' (each "
+        "client is sent new work the moment its upload is folded in)", choices=("rounds", "async"))
+    async_concurrency: int = _opt(
+        0, "async: most clients training at once (0 = every client)", low=0)
+    async_updates: int = _opt(
+        0, "async: client updates in the whole run (0 = num-server-rounds x num-clients, so "
+        "that a round means num-clients updates)", low=0)
+    async_eval_every: int = _opt(
+        0, "async: committed updates between evaluations of every client (0 = num-clients); "
+        "the end of the run is always evaluated", low=0)
+    async_retries: int = _opt(
+        2, "async: times a client whose update failed or timed out is sent new work before it "
+        "is dropped from the run", low=0)
+    async_ttl: float = _opt(
+        3600.0, "async: seconds a message may wait for its reply before it counts as failed",
+        low=0.0, low_open=True)
+    # -- client speeds, to make stragglers visible (both loops)
+    clock: str = _opt(
+        "virtual", "'virtual': each update takes (speed factor x 1) virtual seconds and the "
+        "async loop commits uploads in virtual finish order (reproducible); 'arrival': real "
+        "time, a slow client sleeps (factor - 1) x its training time, uploads are taken as "
+        "they arrive (what deployment does)", choices=("virtual", "arrival"))
+    slow_fraction: float = _opt(
+        0.0, "share of clients that are slow, drawn from the seed", low=0.0, high=1.0)
+    slowdown: float = _opt(5.0, "how many times slower a slow client is", low=1.0)
+    speed_jitter: float = _opt(
+        0.0, "spread of each update's duration: log-normal sigma, drawn per (seed, client, "
+        "update); 0 = every update of a client takes the same time", low=0.0)
     # -- runtime
     client_num_cpus: int = _opt(1, "simulation: CPUs reserved per virtual client", low=1)
     client_num_gpus: float = _opt(0.0, "simulation: GPU fraction per virtual client", low=0.0)
@@ -284,6 +324,10 @@ def _check_cross_field(cfg: RunConfig) -> None:
         raise ConfigError(f"setting partition-nodes = {cfg.partition_nodes!r} is invalid: expected "
                           "'partition=node-id,...' with partitions in [0, num-clients) and "
                           "each node id once, e.g. '0=1234,1=5678'.") from None
+    if cfg.server_loop == "async" and (cfg.checkpoint_every or cfg.resume):
+        raise ConfigError("setting checkpoint-every / resume is invalid with server-loop = "
+                          "'async': the asynchronous loop keeps no checkpoints; use "
+                          "server-loop = 'rounds' or checkpoint-every = 0.")
     if cfg.output_dir and not Path(cfg.output_dir).is_absolute():
         raise ConfigError(f"setting output-dir = {cfg.output_dir!r} is invalid: it must be an "
                           "absolute path (Flower runs the app from another directory).")
@@ -323,10 +367,18 @@ def resolve_preset(name_or_path: str) -> Path:
     return path.resolve()
 
 
-def read_preset(path: Path) -> dict[str, Any]:
-    """A preset file's overrides, flattened to run-config keys."""
+def read_preset(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A preset file's overrides, flattened to run-config keys. A preset may start from another
+    (``extends = "name"``) and change a few of its settings."""
     with open(path, "rb") as fh:
-        return _flatten(tomllib.load(fh))
+        table = tomllib.load(fh)
+    base = table.pop("extends", None)
+    if base is None:
+        return _flatten(table)
+    base_path = resolve_preset(str(base))
+    if base_path in _seen or base_path == Path(path).resolve():
+        raise ConfigError(f"preset {path} extends {base!r}, which extends it again")
+    return {**read_preset(base_path, (*_seen, Path(path).resolve())), **_flatten(table)}
 
 
 def parse_override(text: str) -> tuple[str, Any]:

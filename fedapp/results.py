@@ -2,7 +2,8 @@
 
 ``config.json`` (the resolved settings), ``partition.json`` (per-client class counts),
 ``rounds.jsonl`` (one line per round, appended as the run goes, so a crashed run keeps its
-history), ``summary.json`` and ``accuracy.png``.
+history), ``summary.json`` and ``accuracy.png``; the asynchronous loop adds ``updates.jsonl``
+(one line per client update) and ``timeline.png``.
 """
 
 from __future__ import annotations
@@ -89,14 +90,28 @@ class Recorder:
         # The first round carries the start-up (Ray actors, imports): estimate from the rest.
         recent = [h["seconds"] for h in self.history[1:][-5:]] or [record["seconds"]]
         eta = float(np.mean(recent)) * (self.num_rounds - record["round"])
+        if record.get("evaluated", True):
+            accuracy = format_accuracy(record["accuracy_mean"], record["accuracy_std"])
+        else:
+            accuracy = "not evaluated"
+        loss = record.get("train_loss")
         return (f"{PROGRESS_TAG} round {record['round']}/{self.num_rounds} | accuracy "
-                f"{format_accuracy(record['accuracy_mean'], record['accuracy_std'])} | up "
+                f"{accuracy} | train loss {'n/a' if loss is None else f'{loss:.4f}'} | "
+                f"clients {record['clients_fit']}/{record.get('clients_sampled', '?')} | up "
                 f"{human_bytes(record['bytes_up'])} down {human_bytes(record['bytes_down'])} | "
                 f"{record['seconds']:.1f} s | ETA {eta:.0f} s")
 
+    def record_update(self, update: dict[str, Any]) -> None:
+        """Append one client update of the asynchronous loop to ``updates.jsonl``."""
+        with open(self.run_dir / "updates.jsonl", "a") as fh:
+            fh.write(json.dumps(update, default=_json_default, allow_nan=False) + "\n")
+
     def summary(self) -> dict[str, Any]:
         """The run's summary (see README, 'Results')."""
-        last = self.history[-1] if self.history else {}
+        # The accuracy of the last evaluated round (the last round always is, unless the run
+        # stopped early); records without an "evaluated" list predate eval-every.
+        evaluated = [h for h in self.history if h.get("evaluated", True)]
+        last = evaluated[-1] if evaluated else {}
         per_client = last.get("per_client", {})
         # None (JSON null), not NaN, when no client could be evaluated in the last round.
         acc_mean, acc_std = _mean_std(list(per_client.values())) if per_client else (None, None)
@@ -139,17 +154,21 @@ class Recorder:
                     "framing_* is the encoding around it (npy headers, array names); "
                     "evaluation traffic is reported apart from training traffic.",
         }
-        return {**self.meta, "accuracy": accuracy, "communication": communication,
+        return {**self.meta, "evaluated_rounds": [h["round"] for h in evaluated],
+                "accuracy": accuracy, "communication": communication,
                 "failures": int(sum(h["failures"] for h in self.history)),
                 "rejected": int(sum(h["rejected"] for h in self.history)),
                 # Who: {partition id: rounds in which it failed / had its upload refused}.
                 "failed_clients": _tally(h.get("failed_clients", []) for h in self.history),
                 "rejected_clients": _tally(h.get("rejected_clients", []) for h in self.history),
+                # What the run takes if clients are as fast as fedapp.speeds says.
+                "virtual_seconds": float(sum(h.get("virtual_seconds", 0.0)
+                                             for h in self.history)),
                 "wall_seconds": time.time() - self.started, "history": self.history}
 
-    def finish(self) -> dict[str, Any]:
-        """Write ``summary.json`` and the plot; return the summary."""
-        summary = self.summary()
+    def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write ``summary.json`` (with a loop's ``extra`` keys) and the plot; return it."""
+        summary = {**self.summary(), **(extra or {})}
         write_json(self.run_dir / "summary.json", summary)
         plot_runs([summary], self.run_dir / "accuracy.png", [summary["method"]])
         return summary
@@ -171,14 +190,15 @@ def plot_runs(summaries: Sequence[dict[str, Any]], path: Path, labels: Sequence[
 
     fig, (ax_acc, ax_bytes) = plt.subplots(1, 2, figsize=(11, 4))
     for summary, label in zip(summaries, labels):
-        hist = summary["history"]
+        hist = [h for h in summary["history"] if h.get("evaluated", True)]
         rounds = [h["round"] for h in hist]
         mean = np.array([h["accuracy_mean"] for h in hist], dtype=float)  # None -> nan
         std = np.array([h["accuracy_std"] for h in hist], dtype=float)
         line, = ax_acc.plot(rounds, mean, marker="o", ms=3, label=label)
         ax_acc.fill_between(rounds, mean - std, mean + std, alpha=0.15, color=line.get_color())
-        total = np.cumsum([h["bytes_up"] + h["bytes_down"] for h in hist])
-        ax_bytes.plot(rounds, total / 2**20, marker="o", ms=3, label=label,
+        every = summary["history"]
+        total = np.cumsum([h["bytes_up"] + h["bytes_down"] for h in every])
+        ax_bytes.plot([h["round"] for h in every], total / 2**20, marker="o", ms=3, label=label,
                       color=line.get_color())
     ax_acc.set(xlabel="round", ylabel="local test accuracy (mean ± std over clients)")
     ax_bytes.set(xlabel="round", ylabel="cumulative MiB (up + down)")
@@ -226,3 +246,28 @@ def round_record(server_round: int, evals: Sequence[dict[str, Any]], traffic: di
     if math.isnan(mean):
         record["accuracy_mean"] = record["accuracy_std"] = None
     return record
+
+
+def plot_timeline(updates: Sequence[dict[str, Any]], evaluations: Sequence[float], path: Path,
+                  title: str) -> None:
+    """Clients x virtual time: one bar per update from its dispatch to its commit (grey:
+    rejected, red: failed), dotted lines where evaluations were called."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    clients = sorted({u["client"] for u in updates})
+    fig, ax = plt.subplots(figsize=(11, 0.35 * len(clients) + 1.5))
+    colours = {"ok": "tab:blue", "rejected": "tab:grey", "failed": "tab:red"}
+    for u in updates:
+        start, end = u["virtual_start"], u["virtual_end"]
+        ax.barh(clients.index(u["client"]), end - start, left=start, height=0.6,
+                color=colours[u["status"]], edgecolor="white", linewidth=0.5)
+    for t in evaluations:
+        ax.axvline(t, color="black", linestyle=":", linewidth=0.8)
+    ax.set_yticks(range(len(clients)), [str(c) for c in clients])
+    ax.set(xlabel="virtual time (1 = one update of a normal-speed client)", ylabel="client",
+           title=title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

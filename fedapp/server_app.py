@@ -1,5 +1,6 @@
 """The Flower ServerApp: validate the run config, prepare the results folder, build the method's
-Strategy. Everything after that is the Strategy's (``fedapp.strategy_base``)."""
+Strategy, then run the loop the config names: synchronous rounds (Flower's own driver calling
+the Strategy, ``fedapp.strategy_base``) or the asynchronous loop (``fedapp.async_loop``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from logging import INFO
 from flwr.app import Context
 from flwr.common.logger import log
 from flwr.server import ServerAppComponents, ServerConfig
-from flwr.serverapp import ServerApp
+from flwr.server.compat import start_grid
+from flwr.serverapp import Grid, ServerApp
 
 from fedapp import checkpoint, experiment
+from fedapp.async_loop import AsyncLoop
 from fedapp.config import ConfigError
 from fedapp.results import Recorder
 from strategies import METHODS, load_config
@@ -40,8 +43,11 @@ def server_fn(context: Context) -> ServerAppComponents:
         if (run_dir / "summary.json").exists():
             raise ConfigError(f"the run in {run_dir} has finished (summary.json is there); "
                               "nothing to resume")
+    # A "round" of the asynchronous loop is one evaluation (every async-eval-every updates).
+    rounds = cfg.num_server_rounds if cfg.server_loop == "rounds" else \
+        AsyncLoop.evaluations_of(cfg)
     recorder = Recorder(run_dir, method=cfg.method, dataset=cfg.dataset,
-                        num_clients=cfg.num_clients, num_rounds=cfg.num_server_rounds,
+                        num_clients=cfg.num_clients, num_rounds=rounds,
                         config=dict(context.run_config), partition=summary, resume_after=done)
     log(INFO, "[fedapp] %s on %s: %d clients, %d rounds%s; results in %s", cfg.method,
         cfg.dataset, cfg.num_clients, cfg.num_server_rounds,
@@ -56,4 +62,17 @@ def server_fn(context: Context) -> ServerAppComponents:
         num_rounds=cfg.num_server_rounds - done, round_timeout=cfg.round_timeout or None))
 
 
-app = ServerApp(server_fn=server_fn)
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    # One ServerApp, two loops: Flower runs ``main`` whenever it exists, so the synchronous
+    # path is spelled out here exactly as ServerApp(server_fn=...) would run it.
+    components = server_fn(context)
+    strategy = components.strategy
+    if strategy.cfg.server_loop == "async":
+        AsyncLoop(grid, strategy, strategy.recorder).run()
+        return
+    start_grid(grid=grid, server=components.server, config=components.config,
+               strategy=strategy, client_manager=components.client_manager)

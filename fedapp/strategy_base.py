@@ -5,8 +5,12 @@ maths: deterministic client sampling, one ``FitIns`` per client (methods may sen
 payloads to different clients), the one validation path for uploads (identity, claimed size,
 wire dtypes, magnitude, the method's spec: a malformed or hostile payload is rejected with a
 logged reason and the round goes on), tolerance of failed clients (who failed is recorded),
-byte accounting of what really crosses the wire, evaluation of every client every round, the
-results folder, and checkpoints (a method's state is whatever it adds to the base).
+byte accounting of what really crosses the wire, evaluation on the rounds and clients the
+run asks for (``eval-every``, ``fraction-evaluate``, ``eval-clients``), the results folder,
+and checkpoints (a method's state is whatever it adds to the base). The asynchronous loop
+(``fedapp.async_loop``) reaches the same validation and the method's maths through
+:meth:`FedStrategy.accept_upload`, :meth:`FedStrategy.accept_evaluation` and
+:meth:`FedStrategy.aggregate`.
 
 A method overrides :meth:`FedStrategy.fit_payload`, :meth:`FedStrategy.upload_spec` (and
 optionally :meth:`FedStrategy.check_upload` or :meth:`FedStrategy.validate_upload`),
@@ -38,6 +42,7 @@ from fedapp.config import RunConfig
 from fedapp.payload import (ArraySpec, Payload, PayloadError, WireSize, decode, encode,
                             float32, validate, wire_size)
 from fedapp.results import Recorder, format_accuracy, round_record
+from fedapp.speeds import update_duration
 from fedapp.training import derive_seed
 
 
@@ -60,7 +65,8 @@ class Upload:
     metrics: Mapping[str, Scalar]
 
 
-def _number(value: Any, low: float = -math.inf, high: float = math.inf) -> float | None:
+def finite_number(value: Any, low: float = -math.inf,
+                  high: float = math.inf) -> float | None:
     """``value`` as a finite float in ``[low, high]``, or None (bools are not numbers)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -69,7 +75,7 @@ def _number(value: Any, low: float = -math.inf, high: float = math.inf) -> float
 
 
 def _seconds(metrics: Mapping[str, Any], key: str) -> float:
-    return _number(metrics.get(key, 0.0), low=0.0) or 0.0
+    return finite_number(metrics.get(key, 0.0), low=0.0) or 0.0
 
 
 def clean_eval_metrics(metrics: Mapping[str, Scalar]) -> dict[str, Scalar]:
@@ -77,22 +83,22 @@ def clean_eval_metrics(metrics: Mapping[str, Scalar]) -> dict[str, Scalar]:
     number in [0, 1] (else PayloadError: the evaluation is ignored); other accuracies
     (``global-accuracy``, ``accuracy-<variant>``) likewise, losses and seconds finite and
     non-negative — an optional metric that is not is dropped. Whatever is kept is JSON-safe."""
-    if _number(metrics.get("accuracy"), 0.0, 1.0) is None:
+    if finite_number(metrics.get("accuracy"), 0.0, 1.0) is None:
         raise PayloadError(f"accuracy {metrics.get('accuracy')!r} is not a number in [0, 1]")
     clean: dict[str, Scalar] = {}
     for key, value in metrics.items():
         if key in ("partition-id", "arch", "own-data"):
             clean[key] = value
         elif key == "accuracy" or key == "global-accuracy" or key.startswith("accuracy-"):
-            if (number := _number(value, 0.0, 1.0)) is not None:
+            if (number := finite_number(value, 0.0, 1.0)) is not None:
                 clean[key] = number
         elif key.endswith("-loss") or key.endswith("-seconds"):
-            if (number := _number(value, low=0.0)) is not None:
+            if (number := finite_number(value, low=0.0)) is not None:
                 clean[key] = number
     return clean
 
 
-class _Encoder:
+class Encoder:
     """Encodes payloads for one round's messages, once per distinct payload object: a method
     that sends everyone the same global model returns the same dict, encoded only once."""
 
@@ -138,6 +144,8 @@ class FedStrategy(Strategy):
         self._failed: list[int] = []  # partition ids that crashed or timed out, this round
         self._rejected: list[int] = []  # partition ids whose upload was refused, this round
         self._client_seconds = 0.0
+        self._train_loss: float | None = None  # mean over this round's uploads
+        self._evaluated: list[int] = []  # partition ids asked to evaluate, this round
         # Flower counts rounds from 1 in every run; a resumed run continues after its last
         # checkpoint, so the rounds every method sees are Flower's plus this offset.
         self.round_offset = 0
@@ -217,7 +225,9 @@ class FedStrategy(Strategy):
         vars(self).update(method_state)
         self.round_offset = server_round
 
-    def _message_config(self, server_round: int) -> dict[str, Scalar]:
+    def message_config(self, server_round: int) -> dict[str, Scalar]:
+        """The config of every message for ``server_round`` (in the asynchronous loop: the
+        client's own update number, which keys its random streams)."""
         config: dict[str, Scalar] = {"server-round": server_round}
         if self.cfg.checkpoint_every and self.recorder is not None:
             config["state-dir"] = str(self.recorder.run_dir / "client-state")
@@ -228,7 +238,9 @@ class FedStrategy(Strategy):
         # Empty rather than None: None would make Flower ask one client for its weights.
         return Parameters(tensors=[], tensor_type="")
 
-    def _wait_and_list(self, client_manager: ClientManager) -> list[ClientProxy]:
+    def list_clients(self, client_manager: ClientManager) -> list[ClientProxy]:
+        """Every connected client whose identity is known, in partition order (waits for
+        ``num-clients`` and asks the newcomers who they are)."""
         now = time.time
         want, deadline = self.cfg.num_clients, now() + self.cfg.wait_for_clients_seconds
         # Wait in slices and say so, rather than sit silent until the timeout: a simulation
@@ -272,20 +284,21 @@ class FedStrategy(Strategy):
         self._counts = {"clients_fit": 0, "failures": 0, "rejected": 0}
         self._failed, self._rejected = [], []
         self._client_seconds = 0.0
-        available = self._wait_and_list(client_manager)
+        self._train_loss, self._evaluated = None, []
+        available = self.list_clients(client_manager)
         n = max(self.cfg.min_fit_clients, math.ceil(self.cfg.fraction_fit * len(available)))
         n = min(n, len(available))
         # Sampling from (seed, round), not Flower's global RNG, so a seed fixes the schedule.
         rng = np.random.default_rng(derive_seed(self.cfg.seed, "sample", server_round))
         chosen = [available[i] for i in sorted(rng.choice(len(available), n, replace=False))]
         self._sampled = {}
-        encoded = _Encoder()
+        encoded = Encoder()
         instructions = []
         for proxy in chosen:
             params, size = encoded(self.fit_payload(server_round, self.clients.get(proxy.cid)))
             self._down[proxy.cid] = size
             self._sampled[proxy.cid] = self.clients[proxy.cid].partition_id
-            instructions.append((proxy, FitIns(params, self._message_config(server_round))))
+            instructions.append((proxy, FitIns(params, self.message_config(server_round))))
         return instructions
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
@@ -297,21 +310,14 @@ class FedStrategy(Strategy):
         for proxy, res in results:
             self._up[proxy.cid] = wire_size(res.parameters)
             try:
-                client = self._identify(proxy, res.metrics)
-                if client.partition_id in seen:
-                    raise PayloadError(f"partition {client.partition_id} already uploaded in "
-                                       "this round")
-                seen.add(client.partition_id)
-                self.check_num_examples(res.num_examples, client)
-                payload = decode(res.parameters, max_abs=self.cfg.upload_max_abs)
-                self.validate_upload(payload, client)
+                upload = self.accept_upload(proxy, res, seen)
             except PayloadError as exc:
                 self._counts["rejected"] += 1
                 self._rejected.append(self._sampled.get(proxy.cid, -1))
                 log(WARNING, "round %s: rejected the upload of client %s: %s", server_round,
                     proxy.cid, exc)
                 continue
-            uploads.append(Upload(client, res.num_examples, payload, res.metrics))
+            uploads.append(upload)
         for failure in failures:
             self._counts["failures"] += 1
             reason = failure if isinstance(failure, BaseException) else failure[1].status.message
@@ -324,6 +330,9 @@ class FedStrategy(Strategy):
         self._counts["clients_fit"] = len(uploads)
         # Time the clients spent computing, to tell it apart from the framework's share.
         self._client_seconds = sum(_seconds(u.metrics, "train-seconds") for u in uploads)
+        losses = [loss for u in uploads
+                  if (loss := finite_number(u.metrics.get("train-loss"), low=0.0)) is not None]
+        self._train_loss = float(np.mean(losses)) if losses else None
         if not uploads:
             raise RoundFailed(
                 f"round {server_round}: no client returned a usable update "
@@ -331,6 +340,19 @@ class FedStrategy(Strategy):
                 "see the warnings above.")
         self.aggregate(server_round, uploads)
         return None, {}
+
+    def accept_upload(self, proxy: ClientProxy, res: FitRes, seen: set[int]) -> Upload:
+        """The one validation path of every upload, whatever the loop: who sent it (and not
+        twice: ``seen`` holds the partitions already heard in this round), its claimed size,
+        its wire dtypes and magnitudes, the method's spec. Raises PayloadError."""
+        client = self._identify(proxy, res.metrics)
+        if client.partition_id in seen:
+            raise PayloadError(f"partition {client.partition_id} already uploaded in this round")
+        seen.add(client.partition_id)
+        self.check_num_examples(res.num_examples, client)
+        payload = decode(res.parameters, max_abs=self.cfg.upload_max_abs)
+        self.validate_upload(payload, client)
+        return Upload(client, res.num_examples, payload, res.metrics)
 
     def _identify(self, proxy: ClientProxy, metrics: Mapping[str, Scalar]) -> ClientInfo:
         pid, arch = metrics.get("partition-id"), metrics.get("arch")
@@ -353,19 +375,41 @@ class FedStrategy(Strategy):
                                f"({known.arch}) and now claims {pid} ({arch})")
         return info
 
+    def evaluation_clients(self, server_round: int, available: list[ClientProxy]
+                           ) -> list[ClientProxy]:
+        """Who is evaluated this round: nobody between ``eval-every`` rounds (the last round
+        always is), else ``fraction-evaluate`` of the eligible clients (all, or the round's
+        participants), drawn from (seed, round) so that a seed fixes the schedule."""
+        cfg = self.cfg
+        if server_round % cfg.eval_every and server_round != cfg.num_server_rounds:
+            return []
+        pool = available if cfg.eval_clients == "all" else \
+            [p for p in available if p.cid in self._sampled]
+        n = min(len(pool), max(1, math.ceil(cfg.fraction_evaluate * len(pool))))
+        if n == len(pool):
+            return pool
+        rng = np.random.default_rng(derive_seed(cfg.seed, "evaluate", server_round))
+        return [pool[i] for i in sorted(rng.choice(len(pool), n, replace=False))]
+
     def configure_evaluate(self, server_round: int, parameters: Parameters,
                            client_manager: ClientManager
                            ) -> list[tuple[ClientProxy, EvaluateIns]]:
         server_round += self.round_offset
-        # Every client is evaluated every round (not only the ones that trained), as
-        # FedClassAvg and FedGH's code report the mean over all clients.
-        encoded = _Encoder()
+        # By default every client is evaluated every round (not only the ones that trained),
+        # as FedClassAvg and FedGH's code report the mean over all clients.
+        chosen = self.evaluation_clients(server_round, self.list_clients(client_manager))
+        self._evaluated = sorted(self.clients[p.cid].partition_id for p in chosen)
+        if not chosen:
+            # Flower skips aggregate_evaluate when nobody is asked: the round ends here.
+            self._finish_round(server_round, [])
+            return []
+        encoded = Encoder()
         instructions = []
-        for proxy in self._wait_and_list(client_manager):
+        for proxy in chosen:
             params, size = encoded(self.eval_payload(server_round, self.clients.get(proxy.cid)))
             self._eval_down += size.total
             instructions.append((proxy, EvaluateIns(params,
-                                                    self._message_config(server_round))))
+                                                    self.message_config(server_round))))
         return instructions
 
     def aggregate_evaluate(self, server_round: int,
@@ -376,38 +420,53 @@ class FedStrategy(Strategy):
         evals = []
         for proxy, res in results:
             try:
-                client = self._identify(proxy, res.metrics)
-                metrics = clean_eval_metrics(res.metrics)
+                evals.append(self.accept_evaluation(proxy, res))
             except PayloadError as exc:
                 log(WARNING, "round %s: ignored the evaluation of client %s: %s", server_round,
                     proxy.cid, exc)
-                continue
-            evals.append({**metrics, "partition-id": client.partition_id})
         for failure in failures:
             log(WARNING, "round %s: a client failed during evaluation: %r", server_round,
                 failure if isinstance(failure, BaseException) else failure[1].status.message)
         evals.sort(key=lambda e: e["partition-id"])
+        self._finish_round(server_round, evals)
+        return None, {}
+
+    def accept_evaluation(self, proxy: ClientProxy, res: EvaluateRes) -> dict[str, Scalar]:
+        """A client's evaluation metrics, checked (:func:`clean_eval_metrics`) and tagged with
+        who it is. Raises PayloadError."""
+        client = self._identify(proxy, res.metrics)
+        return {**clean_eval_metrics(res.metrics), "partition-id": client.partition_id}
+
+    def _finish_round(self, server_round: int, evals: list[dict[str, Any]]) -> None:
+        """Record the round (with its evaluations, if it had any), checkpoint, and at the last
+        round write the summary."""
         up = sum(self._up.values(), WireSize())
         down = sum(self._down.values(), WireSize())
         traffic = {"bytes_up": up.data, "bytes_down": down.data, "framing_up": up.framing,
                    "framing_down": down.framing, "eval_bytes_down": self._eval_down}
         client_seconds = self._client_seconds + sum(_seconds(e, "eval-seconds") for e in evals)
         who = {"clients_sampled": len(self._sampled), "failed_clients": self._failed,
-               "rejected_clients": sorted(self._rejected)}
+               "rejected_clients": sorted(self._rejected), "evaluated": self._evaluated,
+               "train_loss": self._train_loss,
+               # What the round would take if clients were as fast as fedapp.speeds says: the
+               # barrier waits for the slowest client sampled.
+               "virtual_seconds": max((update_duration(self.cfg, pid, server_round)
+                                       for pid in self._sampled.values()), default=0.0)}
         record = round_record(server_round, evals, traffic, {**self._counts, **who},
                               time.time() - self._round_started, client_seconds)
-        if self.recorder is not None:
-            log(INFO, self.recorder.record_round(record))
-            every = self.cfg.checkpoint_every
-            if every and server_round % every == 0:
-                checkpoint.save_server(self.recorder.run_dir / "checkpoint", server_round,
-                                       self.method_state())
-            if server_round == self.recorder.num_rounds:
-                summary = self.recorder.finish()
-                acc = summary["accuracy"]
-                log(INFO, "[fedapp] done: accuracy %s over %d clients; results in %s",
-                    format_accuracy(acc["mean"], acc["std"]), len(evals), self.recorder.run_dir)
-        return None, {}
+        if self.recorder is None:
+            return
+        log(INFO, self.recorder.record_round(record))
+        every = self.cfg.checkpoint_every
+        if every and server_round % every == 0:
+            checkpoint.save_server(self.recorder.run_dir / "checkpoint", server_round,
+                                   self.method_state())
+        if server_round == self.recorder.num_rounds:
+            summary = self.recorder.finish()
+            acc = summary["accuracy"]
+            log(INFO, "[fedapp] done: accuracy %s over %d clients; results in %s",
+                format_accuracy(acc["mean"], acc["std"]), len(acc["per_client"]),
+                self.recorder.run_dir)
 
     def evaluate(self, server_round: int, parameters: Parameters
                  ) -> tuple[float, dict[str, Scalar]] | None:

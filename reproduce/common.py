@@ -76,9 +76,12 @@ def plot_panels(panels: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]],
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4), squeeze=False)
     for ax, (title, groups) in zip(axes[0], panels.items()):
         for label, summaries in groups.items():
-            curves = np.array([[h["accuracy_mean"] for h in s["history"]] for s in summaries],
-                              dtype=float)
-            rounds = np.arange(1, curves.shape[1] + 1)
+            # Rounds without evaluation (eval-every > 1) have no accuracy: plot the others.
+            # (Summaries written before eval-every existed evaluated every round.)
+            first = summaries[0]
+            rounds = first.get("evaluated_rounds", [h["round"] for h in first["history"]])
+            curves = np.array([[h["accuracy_mean"] for h in s["history"] if h["round"] in rounds]
+                               for s in summaries], dtype=float)
             mean, std = curves.mean(0), curves.std(0)
             line, = ax.plot(rounds, mean, marker="o", ms=2.5, label=label)
             ax.fill_between(rounds, mean - std, mean + std, alpha=0.15, color=line.get_color())

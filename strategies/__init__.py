@@ -39,11 +39,13 @@ class Method:
     shared_dim: bool = False        # d-sized vectors (head, representations, prototypes) are
                                     # exchanged, so every extractor must output the same d
     settings: type | None = None    # frozen dataclass of the method's own ``<method>.*`` keys
+    asynchronous: bool = False      # its server folds in one upload at a time, so it can run
+                                    # without a round barrier (server-loop = "async")
 
 
 METHODS: dict[str, Method] = {
     "standalone": Method("local training only; no communication (lower bound)",
-                         Standalone, StandaloneClient),
+                         Standalone, StandaloneClient, asynchronous=True),
     "fedavg": Method("average the whole model (homogeneous architectures only)",
                      FedAvg, FedAvgClient, homogeneous_only=True),
     "lg-fedavg": Method("average only the shared head; extractors stay local",
@@ -59,7 +61,8 @@ METHODS: dict[str, Method] = {
                        "CE + lambda * distance", FedProto, FedProtoClient, shared_dim=True,
                        settings=FedProtoSettings),
     "fedhe": Method("per-class average logits up and down; CE + alpha * logit loss "
-                    "(any architectures)", FedHe, FedHeClient, settings=FedHeSettings),
+                    "(any architectures)", FedHe, FedHeClient, settings=FedHeSettings,
+                   asynchronous=True),
     "fedper": Method("average the extractors within each architecture; heads stay private",
                      FedPer, FedPerClient),
     "fedrep": Method("as fedper, trained head first (extractor frozen), then extractor (head "
@@ -117,6 +120,11 @@ def load_config(flat: Mapping[str, Any]) -> RunConfig:
             f"method {cfg.method!r} exchanges d-dimensional vectors (heads, representations or "
             "prototypes), so every extractor must output the same dimension: set feature-dim "
             "> 0 (got 0 = each model's own) or use one architecture.")
+    if cfg.server_loop == "async" and not method.asynchronous:
+        raise ConfigError(
+            f"setting server-loop = 'async' is invalid for method {cfg.method!r}: its server "
+            "aggregates a whole round of uploads at once. Methods that take one upload at a "
+            "time: " + ", ".join(n for n, m in METHODS.items() if m.asynchronous) + ".")
     check = getattr(cfg.settings, "check", None)
     if check is not None:
         check(cfg)  # the method's cross-setting rules; raises ConfigError

@@ -131,10 +131,13 @@ class InProcessFederation:
         assert reason in caplog.text and "rejected the upload" in caplog.text
 
     def evaluate_round(self, rnd):
-        """Evaluate every client; returns {pid: metrics}."""
+        """Evaluate the clients the strategy asks for; returns {pid: metrics}."""
         from flwr.common import parameters_to_ndarrays
         metrics, results = {}, []
-        for proxy, ins in self.strategy.configure_evaluate(rnd, None, self.manager):
+        instructions = self.strategy.configure_evaluate(rnd, None, self.manager)
+        if not instructions:
+            return metrics  # as Flower: nobody asked, no aggregate_evaluate
+        for proxy, ins in instructions:
             pid = proxy.identity["partition-id"]
             loss, n, m = self.client(pid).evaluate(parameters_to_ndarrays(ins.parameters),
                                                    ins.config)

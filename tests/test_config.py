@@ -102,3 +102,15 @@ def test_settings_that_only_fail_with_the_data_are_refused_before_training(overr
         prepare(load_config(flat))
     for word in words:
         assert word in str(err.value)
+
+
+def test_a_preset_extends_another_and_a_loop_is_refused(tmp_path, monkeypatch):
+    from fedapp import config
+    monkeypatch.setattr(config, "CONF_DIR", tmp_path)
+    (tmp_path / "base.toml").write_text('method = "fedhe"\nseed = 3\n[fedhe]\nalpha = 0.5\n')
+    (tmp_path / "child.toml").write_text('extends = "base"\nseed = 4\n')
+    assert config.read_preset(tmp_path / "child.toml") == {
+        "method": "fedhe", "seed": 4, "fedhe.alpha": 0.5}
+    (tmp_path / "base.toml").write_text('extends = "child"\n')
+    with pytest.raises(config.ConfigError, match="extends it again"):
+        config.read_preset(tmp_path / "child.toml")

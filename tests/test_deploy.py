@@ -1,6 +1,7 @@
 """``fedapp deploy``: keys and certificates, and a real deployment on loopback — a SuperLink with
 TLS and SuperNode authentication, two registered SuperNodes (one taking its partition by id, one
-reading its own data-dir), an unregistered one that must be refused, and a two-round run."""
+reading its own data-dir), an unregistered one that must be refused, a synchronous run and an
+asynchronous FedHe run."""
 
 import ipaddress
 import json
@@ -112,11 +113,14 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path, spawn):
     intruder = supernode("intruder", "partition-id=0 num-partitions=2", "--max-retries", "1")
 
     out = tmp_path / "results"
+    # One round: in deployment every message starts a flwr-clientapp process (seconds each);
+    # what crosses rounds is tested in simulation.
     proc = subprocess.run([*FEDAPP, "deploy", "run", "smoke", *RUN_SETTINGS,
+                           "--set", "num-server-rounds=1",
                            "--set", 'run-name="deployed"', "--output-dir", str(out), *d],
                           cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("[fedapp] round") == 2
+    assert proc.stdout.count("[fedapp] round") == 1
 
     # The exit status above already depends on it; check the SuperLink's word directly too.
     env = connected_env(tmp_path / "deployment" / "flwr-home")
@@ -126,7 +130,22 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path, spawn):
     assert _run_status(env, run_id) == "finished:completed"
     summary = json.loads((out / "deployed" / "summary.json").read_text())
     assert set(summary["accuracy"]["per_client"]) == {"0", "1"}
-    assert summary["rounds"] == 2 and summary["failures"] == 0
+    assert summary["rounds"] == 1 and summary["failures"] == 0
+
+    # The same SuperNodes serve FedHe's asynchronous loop (replies taken as they arrive).
+    proc = subprocess.run([*FEDAPP, "deploy", "run", "smoke", *RUN_SETTINGS,
+                           "--set", 'method="fedhe"', "--set", 'server-loop="async"',
+                           "--set", 'clock="arrival"', "--set", "num-server-rounds=1",
+                           "--set", 'run-name="deployed-async"', "--output-dir", str(out), *d],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = (out / "deployed-async" / "flwr.log").read_text()
+    run_id = next(line.split()[-1] for line in log.splitlines()
+                  if "Successfully started run" in line)
+    assert _run_status(env, run_id) == "finished:completed"
+    summary = json.loads((out / "deployed-async" / "summary.json").read_text())
+    assert summary["loop"] == "async" and summary["updates"]["committed"] == 2
+    assert set(summary["accuracy"]["per_client"]) == {"0", "1"}
 
     assert intruder.wait(timeout=60) != 0
     assert "Failed to activate SuperNode" in (tmp_path / "intruder.log").read_text()

@@ -63,6 +63,35 @@ def _expected_failures() -> list[list[int]]:
     return expected
 
 
+def test_asynchronous_fedhe_in_flower_commits_as_the_in_process_reference(tmp_path):
+    """The acceptance command of the asynchronous loop, with a slow client and jittered
+    speeds: it completes, and under the virtual clock the real runtime (Ray actors, replies in
+    whatever order) commits the same updates and ends with the same accuracies as the fake
+    grid of test_async.py, which answers in order: one seed, one result."""
+    from fedapp.config import pyproject_defaults
+    from tests.test_async import run_async
+    settings = {"method": "fedhe", "server-loop": "async", "slow-fraction": 0.34,
+                "speed-jitter": 0.3, "num-server-rounds": 3}
+    args = [arg for key, value in settings.items()
+            for arg in ("--set", f"{key}={toml_value(value)}")]
+    proc = fedapp("run", "conf/smoke.toml", *args, "--set", 'run-name="async"',
+                  "--output-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "asynchronous loop: 9 updates" in proc.stdout
+    run = tmp_path / "async"
+    summary = json.loads((run / "summary.json").read_text())
+    updates = [json.loads(line) for line in (run / "updates.jsonl").read_text().splitlines()]
+    flat = {**pyproject_defaults(), **read_preset(PROJECT_ROOT / "conf" / "smoke.toml"),
+            **settings}
+    want, want_updates, _ = run_async(tmp_path, "reference", flat=flat)
+    assert [(u["client"], u["client_update"], u["staleness"]) for u in updates] == \
+        [(u["client"], u["client_update"], u["staleness"]) for u in want_updates]
+    assert summary["accuracy"]["per_client"] == want["accuracy"]["per_client"]
+    counts = summary["updates"]["per_client"]
+    assert sum(counts.values()) == 9 and len(set(counts.values())) > 1  # speeds differ
+    assert (run / "timeline.png").exists()
+
+
 def test_smoke_run_writes_results_with_exact_traffic(smoke_run):
     proc, run = smoke_run
     assert proc.returncode == 0, proc.stdout + proc.stderr

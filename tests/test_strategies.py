@@ -151,7 +151,7 @@ def test_clients_are_identified_first_and_ordered_by_partition_not_node_id():
     identities = [{"partition-id": 2, "arch": "cnn3"}, None,  # this one crashes
                   {"partition-id": 0, "arch": "cnn1"}]
     manager, proxies = client_manager(strategy, identities)
-    listed = strategy._wait_and_list(manager)
+    listed = strategy.list_clients(manager)
     assert [strategy.clients[p.cid].partition_id for p in listed] == [0, 2]
     assert proxies[1].cid not in strategy.clients
 
@@ -174,7 +174,7 @@ def test_a_node_cannot_squat_a_partition_bound_to_another():
                              partition_nodes="0=node-000, 1=node-919")
     manager, proxies = client_manager(strategy, [{"partition-id": 0, "arch": "cnn1"},
                                                  {"partition-id": 0, "arch": "cnn1"}])
-    listed = strategy._wait_and_list(manager)
+    listed = strategy.list_clients(manager)
     assert [p.cid for p in listed] == ["node-000"]
     assert strategy.clients["node-000"].partition_id == 0
 

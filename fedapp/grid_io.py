@@ -1,0 +1,83 @@
+"""Every call the app makes on Flower's ``Grid`` (the Message API), in one place, for the loops
+that are not synchronous rounds (``fedapp.async_loop``). The synchronous methods go through
+Flower's own Strategy driver and never come here.
+
+The loops talk to the same ``ClientApp`` as the rounds do: a legacy ``FitIns``/``EvaluateIns``
+becomes a ``"train"``/``"evaluate"`` message with Flower's own converters (those its
+``GridClientProxy`` uses), so a client cannot tell which loop sent it work.
+"""
+
+from __future__ import annotations
+
+import time
+from flwr.app import Message, MessageType
+from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes
+from flwr.compat.common.recorddict_compat import (evaluateins_to_recorddict,
+                                                  fitins_to_recorddict,
+                                                  recorddict_to_evaluateres,
+                                                  recorddict_to_fitres)
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.compat.grid_client_proxy import GridClientProxy
+from flwr.serverapp import Grid
+
+
+class ClientFailed(RuntimeError):
+    """A reply that carries an error instead of a result (the client raised, the message's
+    TTL ran out, the node went away)."""
+
+
+class GridClientManager(SimpleClientManager):
+    """A client manager that learns the nodes from the Grid: waiting for clients polls
+    ``grid.get_node_ids()`` (it lists the nodes online now) and registers a proxy for each new
+    one, so the Strategy's own waiting, messages and identity checks serve this loop too."""
+
+    def __init__(self, grid: Grid) -> None:
+        super().__init__()
+        self.grid = grid
+
+    def wait_for(self, num_clients: int, timeout: int = 86400) -> bool:
+        deadline = time.time() + timeout
+        while True:
+            for node_id in sorted(self.grid.get_node_ids()):
+                if str(node_id) not in self.clients:
+                    self.register(GridClientProxy(node_id, self.grid, self.grid.run.run_id))
+            if len(self.clients) >= num_clients or time.time() >= deadline:
+                return len(self.clients) >= num_clients
+            time.sleep(0.5)
+
+
+def push(grid: Grid, proxy: ClientProxy, ins: FitIns | EvaluateIns, ttl: float,
+         group: str) -> str:
+    """Send one train or evaluate message; returns its message id."""
+    if isinstance(ins, FitIns):
+        content, kind = fitins_to_recorddict(ins, keep_input=True), MessageType.TRAIN
+    else:
+        content, kind = evaluateins_to_recorddict(ins, keep_input=True), MessageType.EVALUATE
+    message = Message(content=content, dst_node_id=int(proxy.cid), message_type=kind,
+                      group_id=group, ttl=ttl)
+    (message_id,) = list(grid.push_messages([message]))
+    return message_id
+
+
+def pull(grid: Grid, message_ids: list[str]) -> dict[str, Message]:
+    """The replies that have arrived, by the id of the message they answer (never pull an id
+    again once its reply came)."""
+    if not message_ids:
+        return {}
+    return {reply.metadata.reply_to_message_id: reply
+            for reply in grid.pull_messages(message_ids)}
+
+
+def _content(reply: Message):
+    if reply.has_error():
+        raise ClientFailed(f"error {reply.error.code}: {reply.error.reason}")
+    return reply.content
+
+
+def fit_result(reply: Message) -> FitRes:
+    return recorddict_to_fitres(_content(reply), keep_input=False)
+
+
+def evaluate_result(reply: Message) -> EvaluateRes:
+    return recorddict_to_evaluateres(_content(reply))

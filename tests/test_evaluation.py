@@ -1,0 +1,78 @@
+"""Evaluation that costs what the user asks for: ``eval-every``, ``fraction-evaluate`` and
+``eval-clients``. Skipping an evaluation must not change what is trained, and what was (not)
+evaluated is written down."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedapp.results import Recorder
+from strategies import METHODS
+from tests.conftest import InProcessFederation
+from tests.test_hostile_uploads import smoke_overrides
+
+
+def _federation(method, tmp_path, name, rounds, **extra):
+    # The smoke preset, smaller: what is checked here is bookkeeping, not learning.
+    overrides = {**smoke_overrides(method), "num_server_rounds": rounds, "fraction_fit": 0.6,
+                 "synthetic_train": 180, "synthetic_test": 90, "model_width": 0.25, **extra}
+    recorder = Recorder(tmp_path / name, method=method, dataset="synthetic", num_clients=3,
+                        num_rounds=rounds, config={}, partition={})
+    return InProcessFederation(method, recorder=recorder, **overrides)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_skipping_evaluations_changes_nothing_that_is_trained(method, tmp_path):
+    every = _federation(method, tmp_path, "every", 2)
+    sparse = _federation(method, tmp_path, "sparse", 2, eval_every=5)
+    for rnd in (1, 2):
+        every.fit_round(rnd)
+        sparse.fit_round(rnd)
+        want = every.evaluate_round(rnd)
+        got = sparse.evaluate_round(rnd)
+        # Round 1 is skipped; round 2 is evaluated because the last round always is.
+        assert sorted(got) == ([] if rnd == 1 else sorted(want))
+        assert {p: m["accuracy"] for p, m in got.items()} == \
+            {p: want[p]["accuracy"] for p in got}
+    history = sparse.strategy.recorder.history
+    assert [h["round"] for h in history] == [1, 2]  # a record for every round
+    assert [h["evaluated"] for h in history] == [[], [0, 1, 2]]
+    assert history[0]["accuracy_mean"] is None and history[0]["per_client"] == {}
+    assert history[0]["eval_bytes_down"] == 0 and history[0]["clients_fit"] == 2
+    summary = sparse.strategy.recorder.summary()
+    assert summary["evaluated_rounds"] == [2]
+    assert summary["accuracy"]["per_client"] == \
+        every.strategy.recorder.summary()["accuracy"]["per_client"]
+
+
+def _asked(fed, rnd):
+    fed.fit_round(rnd)
+    return sorted(fed.evaluate_round(rnd))
+
+
+def test_fraction_evaluate_draws_a_seeded_share_each_round(tmp_path):
+    runs = [_federation("fedavg", tmp_path, f"run{i}", 8, num_clients=6, fraction_fit=0.5,
+                        fraction_evaluate=0.5, arch_mix="cnn5") for i in range(2)]
+    drawn = [[_asked(fed, rnd) for rnd in range(1, 9)] for fed in runs]
+    assert drawn[0] == drawn[1]  # the same seed, the same clients
+    assert all(len(pids) == 3 for pids in drawn[0])  # ceil(0.5 * 6)
+    assert len({tuple(pids) for pids in drawn[0]}) > 1  # a new draw each round
+    assert [h["evaluated"] for h in runs[0].strategy.recorder.history] == drawn[0]
+
+
+def test_participants_only_evaluates_the_clients_that_trained(tmp_path):
+    fed = _federation("fedavg", tmp_path, "p", 4, num_clients=6, fraction_fit=0.5,
+                      eval_clients="participants", arch_mix="cnn5")
+    for rnd in range(1, 5):
+        trained = sorted(fed.fit_round(rnd))
+        assert sorted(fed.evaluate_round(rnd)) == trained
+
+
+def test_a_round_without_evaluation_still_reports_progress(tmp_path):
+    fed = _federation("fedavg", tmp_path, "q", 2, eval_every=5, arch_mix="cnn5")
+    fed.fit_round(1)
+    fed.evaluate_round(1)
+    record = fed.strategy.recorder.history[0]
+    line = fed.strategy.recorder.record_round(dict(record, round=1))
+    assert "accuracy not evaluated" in line and "clients 2/2" in line
+    assert f"train loss {record['train_loss']:.4f}" in line and record["train_loss"] > 0
