@@ -12,13 +12,13 @@ from fedapp import checkpoint
 from fedapp.results import Recorder
 from strategies import METHODS
 from tests.conftest import InProcessFederation
-from tests.test_hostile_uploads import smoke_overrides
+from tests.test_hostile_uploads import small_smoke_overrides
 
 
 def _federation(method, run_dir, resume_after=0, **extra):
-    overrides = {**smoke_overrides(method), "checkpoint_every": 2, "num_server_rounds": 3,
-                 "output_dir": str(run_dir.parent), "run_name": run_dir.name,
-                 "fraction_fit": 0.6, **extra}
+    overrides = {**small_smoke_overrides(method), "checkpoint_every": 2,
+                 "num_server_rounds": 3, "output_dir": str(run_dir.parent),
+                 "run_name": run_dir.name, "fraction_fit": 0.6, **extra}
     recorder = Recorder(run_dir, method=method, dataset="synthetic", num_clients=3,
                         num_rounds=3, config={}, partition={}, resume_after=resume_after)
     return InProcessFederation(method, recorder=recorder, **overrides)

@@ -9,13 +9,12 @@ import pytest
 from fedapp.results import Recorder
 from strategies import METHODS
 from tests.conftest import InProcessFederation
-from tests.test_hostile_uploads import smoke_overrides
+from tests.test_hostile_uploads import small_smoke_overrides
 
 
 def _federation(method, tmp_path, name, rounds, **extra):
-    # The smoke preset, smaller: what is checked here is bookkeeping, not learning.
-    overrides = {**smoke_overrides(method), "num_server_rounds": rounds, "fraction_fit": 0.6,
-                 "synthetic_train": 180, "synthetic_test": 90, "model_width": 0.25, **extra}
+    overrides = {**small_smoke_overrides(method), "num_server_rounds": rounds,
+                 "fraction_fit": 0.6, **extra}
     recorder = Recorder(tmp_path / name, method=method, dataset="synthetic", num_clients=3,
                         num_rounds=rounds, config={}, partition={})
     return InProcessFederation(method, recorder=recorder, **overrides)

@@ -40,6 +40,12 @@ def smoke_overrides(method: str) -> dict:
     return {k.replace("-", "_"): v for k, v in flat.items()}
 
 
+def small_smoke_overrides(method: str) -> dict:
+    """The smoke preset, smaller and faster, for tests of bookkeeping rather than learning."""
+    return {**smoke_overrides(method), "synthetic_train": 180, "synthetic_test": 90,
+            "model_width": 0.25}
+
+
 # -- the table ------------------------------------------------------------------------------------
 # Each row: (name, must be refused?, mutation of (payload, num_examples) -> (tensors, n)), where
 # tensors is the list of npy blobs the client sends; a mutation returns None where it does not
