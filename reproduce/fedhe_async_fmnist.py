@@ -11,7 +11,7 @@ markers) and the curves (accuracy per update; accuracy per virtual second) into
 docs/fedhe-async-fmnist.png.
 
     .venv/bin/python reproduce/fedhe_async_fmnist.py                 # 3 seeds
-    .venv/bin/python reproduce/fedhe_async_fmnist.py --seeds 0
+    .venv/bin/python reproduce/fedhe_async_fmnist.py --seeds 0 --splits IID
     .venv/bin/python reproduce/fedhe_async_fmnist.py --quick         # pipeline check only
 
 ``--quick`` (one seed, IID, 3 rounds, 100-sample shards) writes into its own folder, never
@@ -133,12 +133,16 @@ def plot(panels: dict[str, dict[str, list[dict]]], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--splits", nargs="+", choices=[s.split()[0] for s, _ in SPLITS],
+                        default=[s.split()[0] for s, _ in SPLITS],
+                        help="which partitions (default: both)")
     parser.add_argument("--quick", action="store_true",
                         help="one seed, IID, 3 rounds, small shards; tables go to --out only")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "reproduce-fedhe-async")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "fedhe-async.md")
     args = parser.parse_args()
-    extra, seeds, out, doc, splits = {}, args.seeds, args.out.resolve(), args.doc, SPLITS
+    splits = [(name, o) for name, o in SPLITS if name.split()[0] in args.splits]
+    extra, seeds, out, doc = {}, args.seeds, args.out.resolve(), args.doc
     if args.quick:
         extra, seeds, out, splits = QUICK, seeds[:1], out / "quick", SPLITS[:1]
         doc = out / "fedhe-async.md"
@@ -164,7 +168,9 @@ def main() -> None:
     image = doc.parent / "fedhe-async-fmnist.png"
     plot(panels, image)
     command = f".venv/bin/python {SCRIPT}" + (" --quick" if args.quick else "") + (
-        "" if args.seeds == [0, 1, 2] else " --seeds " + " ".join(map(str, args.seeds)))
+        "" if args.seeds == [0, 1, 2] else " --seeds " + " ".join(map(str, args.seeds))) + (
+        "" if len(splits) == len(SPLITS) or args.quick else " --splits " + " ".join(
+            args.splits))
     write_generated(doc, SCRIPT, "\n\n".join([f"Produced by `{command}`.", *tables,
                                               f"![accuracy per update and per virtual second]"
                                               f"({image.name})"]))
