@@ -1,13 +1,10 @@
 """Evaluation that costs what the user asks for: ``eval-every``, ``fraction-evaluate`` and
-``eval-clients``. Skipping an evaluation must not change what is trained, and what was (not)
-evaluated is written down."""
+``eval-clients``; what was (not) evaluated is written down. That a skipped evaluation changes
+nothing trained is checked for every method in test_checkpoint.py."""
 
 from __future__ import annotations
 
-import pytest
-
 from fedapp.results import Recorder
-from strategies import METHODS
 from tests.conftest import InProcessFederation
 from tests.test_hostile_uploads import small_smoke_overrides
 
@@ -18,30 +15,6 @@ def _federation(method, tmp_path, name, rounds, **extra):
     recorder = Recorder(tmp_path / name, method=method, dataset="synthetic", num_clients=3,
                         num_rounds=rounds, config={}, partition={})
     return InProcessFederation(method, recorder=recorder, **overrides)
-
-
-@pytest.mark.parametrize("method", sorted(METHODS))
-def test_skipping_evaluations_changes_nothing_that_is_trained(method, tmp_path):
-    every = _federation(method, tmp_path, "every", 2)
-    sparse = _federation(method, tmp_path, "sparse", 2, eval_every=5)
-    for rnd in (1, 2):
-        every.fit_round(rnd)
-        sparse.fit_round(rnd)
-        want = every.evaluate_round(rnd)
-        got = sparse.evaluate_round(rnd)
-        # Round 1 is skipped; round 2 is evaluated because the last round always is.
-        assert sorted(got) == ([] if rnd == 1 else sorted(want))
-        assert {p: m["accuracy"] for p, m in got.items()} == \
-            {p: want[p]["accuracy"] for p in got}
-    history = sparse.strategy.recorder.history
-    assert [h["round"] for h in history] == [1, 2]  # a record for every round
-    assert [h["evaluated"] for h in history] == [[], [0, 1, 2]]
-    assert history[0]["accuracy_mean"] is None and history[0]["per_client"] == {}
-    assert history[0]["eval_bytes_down"] == 0 and history[0]["clients_fit"] == 2
-    summary = sparse.strategy.recorder.summary()
-    assert summary["evaluated_rounds"] == [2]
-    assert summary["accuracy"]["per_client"] == \
-        every.strategy.recorder.summary()["accuracy"]["per_client"]
 
 
 def _asked(fed, rnd):
@@ -75,3 +48,8 @@ def test_a_round_without_evaluation_still_reports_progress(tmp_path):
     line = fed.strategy.recorder.record_round(dict(record, round=1))
     assert "accuracy not evaluated" in line and "clients 2/2" in line
     assert f"train loss {record['train_loss']:.4f}" in line and record["train_loss"] > 0
+    assert record["accuracy_mean"] is None and record["evaluated"] == []
+    assert record["eval_bytes_down"] == 0 and record["clients_fit"] == 2
+    fed.fit_round(2)
+    assert sorted(fed.evaluate_round(2)) == [0, 1, 2]  # the last round always is
+    assert fed.strategy.recorder.summary()["evaluated_rounds"] == [2]
