@@ -36,7 +36,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import EvaluateIns, FitIns
+from flwr.common import EvaluateIns, FitIns, FitRes
 from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 from flwr.serverapp import Grid
@@ -46,7 +46,7 @@ from fedapp.config import RunConfig
 from fedapp.payload import PayloadError, WireSize, wire_size
 from fedapp.results import Recorder, format_accuracy, plot_timeline, round_record
 from fedapp.speeds import update_duration
-from fedapp.strategy_base import Encoder, FedStrategy, RoundFailed, finite_number
+from fedapp.strategy_base import Encoder, FedStrategy, RoundFailed, Upload, finite_number
 
 
 @dataclass
@@ -62,6 +62,7 @@ class Work:
     down: WireSize
     wall_start: float = 0.0
     message_id: str | None = None  # None while held behind the node's evaluation
+    meta: dict[str, Any] = field(default_factory=dict)  # what a relay loop needs of it
 
 
 @dataclass
@@ -118,15 +119,12 @@ class AsyncLoop:
 
     # -- the loop --------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        cfg = self.cfg
         for proxy in self.strategy.list_clients(grid_io.GridClientManager(self.grid)):
             pid = self.strategy.clients[proxy.cid].partition_id
             self.proxies[pid] = proxy
             self.idle.append(pid)
             self.updates_done[pid] = 0
-        log(INFO, "[fedapp] asynchronous loop: %d updates, at most %d clients at once, "
-            "evaluation every %d updates, %s clock", self.budget, self._concurrency(),
-            self.eval_every, cfg.clock)
+        self._start()
         self._hand_out()
         while self.recorded < self.num_evaluations:
             # A reply that came early waits in ``arrived``: never pull its id again.
@@ -151,6 +149,12 @@ class AsyncLoop:
             self._commit_ready()
         return self._finish()
 
+    def _start(self) -> None:
+        """Before the first message, with every client known."""
+        log(INFO, "[fedapp] asynchronous loop: %d updates, at most %d clients at once, "
+            "evaluation every %d updates, %s clock", self.budget, self._concurrency(),
+            self.eval_every, self.cfg.clock)
+
     def _concurrency(self) -> int:
         return min(self.cfg.async_concurrency or len(self.proxies), len(self.proxies))
 
@@ -171,21 +175,34 @@ class AsyncLoop:
             self._hand_out()
 
     # -- one update ------------------------------------------------------------------------------
-    def _hand_out(self) -> None:
+    def _plan(self) -> None:
         """Give work to idle clients (up to the concurrency and the budget), with the server's
-        knowledge as of now; evaluate first the clients that owe an evaluation."""
+        knowledge as of now. (The device-to-device loops, ``fedapp.relay_loop``, plan
+        otherwise.)"""
         while (self.idle and len(self.training) < self._concurrency()
                and self.committed + len(self.training) < self.budget):
             pid = self.idle.popleft()
-            self.updates_done[pid] += 1
-            update = self.updates_done[pid]
-            payload = self.strategy.fit_payload(update, self.strategy.clients[
-                self.proxies[pid].cid])
+            payload = self.strategy.fit_payload(self.updates_done[pid] + 1,
+                                                self.strategy.clients[self.proxies[pid].cid])
             params, size = Encoder()(payload)
-            ins = FitIns(params, self.strategy.message_config(update))
-            self.training[pid] = Work(pid, update, self.committed, self.now,
-                                      self.now + update_duration(self.cfg, pid, update), ins,
-                                      size)
+            self._new_work(pid, params, size, {})
+
+    def _new_work(self, pid: int, params: Any, size: WireSize, config: dict[str, Any],
+                  start: float | None = None, meta: dict[str, Any] | None = None) -> Work:
+        """Update number ``n + 1`` of ``pid``: ``params`` and the message config (plus
+        ``config``), starting at virtual time ``start`` (default: now)."""
+        self.updates_done[pid] += 1
+        update = self.updates_done[pid]
+        ins = FitIns(params, {**self.strategy.message_config(update), **config})
+        start = self.now if start is None else start
+        work = Work(pid, update, self.committed, start,
+                    start + update_duration(self.cfg, pid, update), ins, size, meta=meta or {})
+        self.training[pid] = work
+        return work
+
+    def _hand_out(self) -> None:
+        """Plan new work, then send it; evaluate first the clients that owe an evaluation."""
+        self._plan()
         for pid in sorted(self.proxies):
             if pid in self.evaluating:
                 continue
@@ -212,7 +229,7 @@ class AsyncLoop:
         self.window["bytes_down"] += work.down.data
         self.window["framing_down"] += work.down.framing
         self.window["clients_sampled"] += 1
-        status, reason, up = "ok", "", 0
+        status, reason, up, res = "ok", "", 0, None
         try:
             res = grid_io.fit_result(reply)
             size = wire_size(res.parameters)
@@ -232,10 +249,11 @@ class AsyncLoop:
                 log(WARNING, "client %d failed %d times in a row and is dropped: %s", pid,
                     self.fails[pid], reason)
                 self._drop(pid)
+                self._lost(work, committed=False)
             else:
                 log(WARNING, "client %d's update %d failed (%s); it gets new work", pid,
                     work.update, reason)
-                self.idle.appendleft(pid)
+                self._retry(work)
         else:
             self.committed += 1
             self.fails[pid] = 0
@@ -244,14 +262,14 @@ class AsyncLoop:
                 self.window["rejected_clients"].append(pid)
                 log(WARNING, "update %d: rejected the upload of client %d: %s", self.committed,
                     pid, reason)
+                self._lost(work, committed=True)
             else:
-                self.strategy.aggregate(self.committed, [upload])
+                self._fold(work, upload, res)
                 self.window["clients_fit"] += 1
                 if (loss := finite_number(upload.metrics.get("train-loss"), low=0.0)) is not None:
                     self.window["losses"].append(loss)
                 self.window["client_seconds"] += finite_number(
                     upload.metrics.get("train-seconds", 0.0), low=0.0) or 0.0
-            self.idle.append(pid)
         record = {"update": self.committed if status != "failed" else None, "client": pid,
                   "client_update": work.update, "status": status,
                   "staleness": self.committed - 1 - work.committed_before
@@ -259,7 +277,7 @@ class AsyncLoop:
                   "virtual_start": work.virtual_start, "virtual_end": work.virtual_end,
                   "wall_start": work.wall_start - self.recorder.started,
                   "wall_end": wall_end - self.recorder.started,
-                  "bytes_down": work.down.total, "bytes_up": up}
+                  "bytes_down": work.down.total, "bytes_up": up, **self._describe(work)}
         if reason:
             record["reason"] = reason
         self.updates.append(record)
@@ -267,6 +285,31 @@ class AsyncLoop:
         if status != "failed" and (self.committed % self.eval_every == 0
                                    or self.committed == self.budget):
             self._call_evaluation()
+
+    # What a commit means: the asynchronous loop folds the upload into the method's server
+    # state; the device-to-device loops (``fedapp.relay_loop``) pass the model on instead.
+    def _fold(self, work: Work, upload: Upload, res: FitRes) -> None:
+        """An accepted upload: the method's own server maths, with one upload."""
+        self.strategy.aggregate(self.committed, [upload])
+        self.idle.append(work.pid)
+
+    def _lost(self, work: Work, committed: bool) -> None:
+        """An update that came to nothing: rejected (``committed``: it counts in the budget),
+        or failed and its client dropped."""
+        if work.pid in self.proxies:
+            self.idle.append(work.pid)
+
+    def _retry(self, work: Work) -> None:
+        """A failed update whose client is kept: it is sent new work first."""
+        self.idle.appendleft(work.pid)
+
+    def _describe(self, work: Work) -> dict[str, Any]:
+        """What a loop adds to an update's line in ``updates.jsonl``."""
+        return {}
+
+    def _summary_extra(self) -> dict[str, Any]:
+        """What a loop adds to ``summary.json``."""
+        return {}
 
     def _drop(self, pid: int) -> None:
         self.proxies.pop(pid)
@@ -282,6 +325,8 @@ class AsyncLoop:
         self.window_started, self.last_virtual = time.time(), self.now
         self.evaluations.append(Evaluation(len(self.evaluations) + 1, self.committed, self.now,
                                            set(self.proxies), window))
+        if self.committed >= self.budget:  # the last (a relay's budget shrinks with drops)
+            self.num_evaluations = len(self.evaluations)
 
     def _owes(self, pid: int) -> bool:
         return any(pid in e.owed for e in self.evaluations[self.recorded:])
@@ -337,7 +382,7 @@ class AsyncLoop:
             if u["status"] == "ok":
                 per_client[str(u["client"])] = per_client.get(str(u["client"]), 0) + 1
         extra = {
-            "loop": "async", "clock": self.cfg.clock,
+            "loop": self.cfg.server_loop, "clock": self.cfg.clock,
             # Under the arrival clock commits follow real time, so no virtual time is kept.
             "virtual_seconds": self.now if self.cfg.clock == "virtual" else None,
             "updates": {"committed": self.committed, "budget": self.budget,
@@ -348,7 +393,7 @@ class AsyncLoop:
                           "median": float(np.median(staleness)) if staleness else 0.0,
                           "max": int(max(staleness, default=0))},
         }
-        summary = self.recorder.finish(extra)
+        summary = self.recorder.finish({**extra, **self._summary_extra()})
         plot_timeline(self.updates, [e.virtual_time for e in self.evaluations],
                       self.recorder.run_dir / "timeline.png",
                       f"{self.cfg.method}, asynchronous, {self.cfg.clock} clock")

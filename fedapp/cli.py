@@ -346,6 +346,8 @@ def cmd_methods(args: argparse.Namespace) -> int:
         print(f"{name:14s} {method.summary}")
     print("\nserver-loop = \"async\" (no round barrier) runs: "
           + ", ".join(n for n, m in METHODS.items() if m.asynchronous))
+    print("server-loop = \"walk\" / \"gossip\" (device to device, the server only relays) runs: "
+          + ", ".join(n for n, m in METHODS.items() if m.decentralised))
     return 0
 
 

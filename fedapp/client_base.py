@@ -175,6 +175,11 @@ class FedClient(NumPyClient):
             _MODEL_CACHE.popitem(last=False)
 
     # -- what a method changes ---------------------------------------------------------------
+    def read_payload(self, parameters: list[np.ndarray], config: Mapping[str, Any]) -> Payload:
+        """The payload of a training message (default: one named-array payload; a message of
+        a device-to-device loop may carry several)."""
+        return from_ndarrays(parameters)
+
     def receive(self, payload: Payload, server_round: int) -> None:
         """Apply what the server sent before local training (default: nothing)."""
 
@@ -279,7 +284,8 @@ class FedClient(NumPyClient):
         # runs with it seeded from the same key and isolated from every other stream.
         with isolated_rng(derive_seed(self.cfg.seed, "fit", self.partition_id, server_round),
                           self.device):
-            self.receive(from_ndarrays(parameters), server_round)
+            self.message = config  # what a method's visit depends on (CompFL's relay loops)
+            self.receive(self.read_payload(parameters, config), server_round)
             start = time.perf_counter()
             stats = self.train(server_round)
             seconds = time.perf_counter() - start

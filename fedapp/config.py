@@ -138,25 +138,42 @@ class RunConfig:
         0.0, "probability that a client stalls fault-stall-seconds before training, per "
         "client and round", low=0.0, high=1.0)
     fault_stall_seconds: float = _opt(60.0, "how long a stalled client stalls", low=0.0)
-    # -- the server loop: synchronous rounds, or no barrier at all (methods whose server takes
-    #    one upload at a time; see `fedapp methods`)
+    # -- the server loop: synchronous rounds, no barrier at all (methods whose server takes
+    #    one upload at a time), or device-to-device training that the server only relays (see
+    #    `fedapp methods`). The async-* settings serve every loop but 'rounds'.
     server_loop: str = _opt(
-        "rounds", "'rounds' (synchronous: every round waits for its clients) or 'async' (each "
-        "client is sent new work the moment its upload is folded in)", choices=("rounds", "async"))
+        "rounds", "'rounds' (synchronous: every round waits for its clients), 'async' (each "
+        "client is sent new work the moment its upload is folded in), 'walk' (device to "
+        "device: each architecture's model walks from client to client over the topology) or "
+        "'gossip' (device to device: architectures trained one after another, largest first, "
+        "by local steps and averaging with neighbours)",
+        choices=("rounds", "async", "walk", "gossip"))
     async_concurrency: int = _opt(
         0, "async: most clients training at once (0 = every client)", low=0)
     async_updates: int = _opt(
-        0, "async: client updates in the whole run (0 = num-server-rounds x num-clients, so "
-        "that a round means num-clients updates)", low=0)
+        0, "async, walk, gossip: client updates in the whole run (0 = num-server-rounds x "
+        "num-clients, so that a round means num-clients updates)", low=0)
     async_eval_every: int = _opt(
-        0, "async: committed updates between evaluations of every client (0 = num-clients); "
-        "the end of the run is always evaluated", low=0)
+        0, "async, walk, gossip: committed updates between evaluations of every client (0 = "
+        "num-clients); the end of the run is always evaluated", low=0)
     async_retries: int = _opt(
-        2, "async: times a client whose update failed or timed out is sent new work before it "
-        "is dropped from the run", low=0)
+        2, "async, walk, gossip: times a client whose update failed or timed out is sent new "
+        "work before it is dropped from the run", low=0)
     async_ttl: float = _opt(
-        3600.0, "async: seconds a message may wait for its reply before it counts as failed",
-        low=0.0, low_open=True)
+        3600.0, "async, walk, gossip: seconds a message may wait for its reply before it "
+        "counts as failed", low=0.0, low_open=True)
+    # -- device-to-device loops (walk, gossip): who may talk to whom (fedapp.topology)
+    topology: str = _opt(
+        "full", "graph of the clients: 'full', 'erdos-renyi' (edge probability topology-p, "
+        "re-drawn until connected), 'ring' or 'regular' (random topology-degree-regular)",
+        choices=("full", "erdos-renyi", "ring", "regular"))
+    topology_p: float = _opt(0.6, "edge probability of the Erdős–Rényi topology (CompFL's "
+                             "sparse case: 0.6)", low=0.0, high=1.0, low_open=True)
+    topology_degree: int = _opt(3, "degree of the 'regular' topology", low=1)
+    walk_forward: float = _opt(
+        0.0, "walk: probability that a holder able to train the arriving model forwards it "
+        "untrained (a holder that cannot run it always forwards); below 1", low=0.0,
+        high=1.0)
     # -- client speeds, to make stragglers visible (both loops)
     clock: str = _opt(
         "virtual", "'virtual': each update takes (speed factor x 1) virtual seconds and the "
@@ -324,10 +341,13 @@ def _check_cross_field(cfg: RunConfig) -> None:
         raise ConfigError(f"setting partition-nodes = {cfg.partition_nodes!r} is invalid: expected "
                           "'partition=node-id,...' with partitions in [0, num-clients) and "
                           "each node id once, e.g. '0=1234,1=5678'.") from None
-    if cfg.server_loop == "async" and (cfg.checkpoint_every or cfg.resume):
-        raise ConfigError("setting checkpoint-every / resume is invalid with server-loop = "
-                          "'async': the asynchronous loop keeps no checkpoints; use "
+    if cfg.server_loop != "rounds" and (cfg.checkpoint_every or cfg.resume):
+        raise ConfigError(f"setting checkpoint-every / resume is invalid with server-loop = "
+                          f"{cfg.server_loop!r}: only synchronous rounds keep checkpoints; use "
                           "server-loop = 'rounds' or checkpoint-every = 0.")
+    if cfg.walk_forward >= 1:
+        raise ConfigError(f"setting walk-forward = {cfg.walk_forward} is invalid: a walk whose "
+                          "holders never train would never finish; use a value below 1.")
     if cfg.output_dir and not Path(cfg.output_dir).is_absolute():
         raise ConfigError(f"setting output-dir = {cfg.output_dir!r} is invalid: it must be an "
                           "absolute path (Flower runs the app from another directory).")

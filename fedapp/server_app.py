@@ -1,6 +1,7 @@
 """The Flower ServerApp: validate the run config, prepare the results folder, build the method's
 Strategy, then run the loop the config names: synchronous rounds (Flower's own driver calling
-the Strategy, ``fedapp.strategy_base``) or the asynchronous loop (``fedapp.async_loop``)."""
+the Strategy, ``fedapp.strategy_base``), the asynchronous loop (``fedapp.async_loop``) or a
+device-to-device relay (``fedapp.relay_loop``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedapp import checkpoint, experiment
 from fedapp.async_loop import AsyncLoop
 from fedapp.config import ConfigError
+from fedapp.relay_loop import GossipLoop, WalkLoop
 from fedapp.results import Recorder
 from strategies import METHODS, load_config
 
@@ -62,6 +64,9 @@ def server_fn(context: Context) -> ServerAppComponents:
         num_rounds=cfg.num_server_rounds - done, round_timeout=cfg.round_timeout or None))
 
 
+# The loops that are not Flower's synchronous rounds, by their server-loop name.
+LOOPS = {"async": AsyncLoop, "walk": WalkLoop, "gossip": GossipLoop}
+
 app = ServerApp()
 
 
@@ -71,8 +76,9 @@ def main(grid: Grid, context: Context) -> None:
     # path is spelled out here exactly as ServerApp(server_fn=...) would run it.
     components = server_fn(context)
     strategy = components.strategy
-    if strategy.cfg.server_loop == "async":
-        AsyncLoop(grid, strategy, strategy.recorder).run()
+    loop = LOOPS.get(strategy.cfg.server_loop)
+    if loop is not None:
+        loop(grid, strategy, strategy.recorder).run()
         return
     start_grid(grid=grid, server=components.server, config=components.config,
                strategy=strategy, client_manager=components.client_manager)

@@ -41,6 +41,8 @@ class Method:
     settings: type | None = None    # frozen dataclass of the method's own ``<method>.*`` keys
     asynchronous: bool = False      # its server folds in one upload at a time, so it can run
                                     # without a round barrier (server-loop = "async")
+    decentralised: bool = False     # its models can travel client to client with the server
+                                    # only relaying (server-loop = "walk" or "gossip")
 
 
 METHODS: dict[str, Method] = {
@@ -69,7 +71,8 @@ METHODS: dict[str, Method] = {
                      "frozen)", FedRep, FedRepClient, settings=FedRepSettings),
     "compfl": Method("experts ordered by size share per-architecture extractors; prototype "
                      "head adaptation, epsilon-greedy expert choice, CE + lambda * alignment + "
-                     "mu * ensemble KD", CompFL, CompFLClient, settings=CompFLSettings),
+                     "mu * ensemble KD", CompFL, CompFLClient, settings=CompFLSettings,
+                     decentralised=True),
     "felo": Method("per-class mean features and logits up, their per-class averages down; "
                    "CE + alpha * (feature MSE + logit KL); same-architecture models averaged",
                    Felo, FeloClient, shared_dim=True, settings=FeloSettings),
@@ -125,6 +128,12 @@ def load_config(flat: Mapping[str, Any]) -> RunConfig:
             f"setting server-loop = 'async' is invalid for method {cfg.method!r}: its server "
             "aggregates a whole round of uploads at once. Methods that take one upload at a "
             "time: " + ", ".join(n for n, m in METHODS.items() if m.asynchronous) + ".")
+    if cfg.server_loop in ("walk", "gossip") and not method.decentralised:
+        raise ConfigError(
+            f"setting server-loop = {cfg.server_loop!r} is invalid for method {cfg.method!r}: "
+            "device-to-device loops pass models from client to client, which only methods "
+            "whose models are per-architecture experts can do: "
+            + ", ".join(n for n, m in METHODS.items() if m.decentralised) + ".")
     check = getattr(cfg.settings, "check", None)
     if check is not None:
         check(cfg)  # the method's cross-setting rules; raises ConfigError

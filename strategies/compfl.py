@@ -72,12 +72,13 @@ from fedapp.client_base import FedClient, load_arrays
 from fedapp.config import RunConfig, opt
 from fedapp.local_data import expected_input
 from fedapp.partitions import ClientData
-from fedapp.payload import ArraySpec, Payload, PayloadError, validate
+from fedapp.payload import ArraySpec, Payload, PayloadError, from_ndarrays, validate
 from fedapp.strategy_base import ClientInfo, Upload
 from fedapp.training import TrainStats, derive_seed, evaluate, make_optimizer, train_epochs
 from strategies.fedper import PerArchitectureExtractors, arrays_spec, extractor_arrays
 
 HEAD_STATE_KEY = "compfl.head.{arch}"  # a client's private head of a smaller expert
+COPY_STATE_KEY = "compfl.copy.{arch}"  # device to device: its last copy of an expert
 
 
 @dataclass(frozen=True)
@@ -320,23 +321,33 @@ class LocalUpdate:
 
 
 def local_round(models: dict[str, HeteroModel], received: dict[str, Payload], data: ClientData,
-                cfg: RunConfig, partition_id: int, server_round: int) -> LocalUpdate:
+                cfg: RunConfig, partition_id: int, server_round: int,
+                expert: str | None = None, progress_round: int | None = None) -> LocalUpdate:
     """One CompFL round of a client: adapt, evaluate, select, train, compute the upload.
 
     ``models`` holds the experts the client uses, smallest first and its own last (private
-    heads; extractors are overwritten by ``received``, the global extractors by architecture).
-    The models are changed in place."""
+    heads; extractors are overwritten by ``received``, the extractors by architecture: the
+    server's global ones, or in the device-to-device loops the model that arrived and the
+    last copies of the others the client has seen). ``expert`` names the expert to train
+    (device to device: the one that arrived) instead of the epsilon-greedy choice;
+    ``progress_round`` is the round that decides the KD warm-up when it is not
+    ``server_round`` (then the client's own update number). Experts absent from ``received``
+    are not adapted and teach nothing. The models are changed in place."""
     s: CompFLSettings = cfg.settings
     order = list(models)
     own = len(order) - 1
-    rng = np.random.default_rng(derive_seed(cfg.seed, "compfl-greedy", partition_id,
-                                            server_round))
-    chosen = select_expert(own, s.epsilon if s.greedy else 0.0, rng)
+    if expert is None:
+        rng = np.random.default_rng(derive_seed(cfg.seed, "compfl-greedy", partition_id,
+                                                server_round))
+        chosen = select_expert(own, s.epsilon if s.greedy else 0.0, rng)
+    else:
+        chosen = order.index(expert)
     teachers = []
-    if kd_active(s, cfg, server_round):
-        teachers = list(range(own + 1 if s.kd_teachers == "own-and-smaller" else own))
+    if kd_active(s, cfg, progress_round or server_round):
+        teachers = [j for j in range(own + 1 if s.kd_teachers == "own-and-smaller" else own)
+                    if order[j] in received]
     adapted = {}
-    for j in sorted({own, chosen, *teachers}):
+    for j in sorted({chosen, *teachers} | ({own} if order[own] in received else set())):
         arch = order[j]
         if arch not in received:
             raise ValueError(f"the server did not send the global extractor of {arch!r}")
@@ -367,23 +378,74 @@ def local_round(models: dict[str, HeteroModel], received: dict[str, Payload], da
 
 # -- Flower client and server -----------------------------------------------------------------
 
+def gossip_mix(models: list[Payload], weights: list[float]) -> Payload:
+    """``sum_j w_j theta_j`` over the models a gossip message carries (float arrays, summed
+    in float64); integer buffers (BatchNorm's step counter) take the largest value."""
+    mixed = {}
+    for name, first in models[0].items():
+        if first.dtype.kind == "f":
+            mixed[name] = sum(w * m[name].astype(np.float64) for w, m in zip(weights, models)
+                              ).astype(first.dtype)
+        else:
+            mixed[name] = np.max([m[name] for m in models], axis=0)
+    return mixed
+
+
 class CompFLClient(FedClient):
     """Runs :func:`local_round` on its own expert (``self.model``) and private smaller experts
-    whose heads live in ``context.state`` between rounds."""
+    whose heads live in ``context.state`` between rounds.
+
+    In the device-to-device loops (``fedapp.relay_loop``) a message is a *visit*: the config
+    names the expert that arrived (``visit`` = ``walk``: the walker; ``gossip``: the client's
+    and its neighbours' models with their mixing weights, mixed here). The client trains that
+    expert with the same :func:`local_round`, its other experts' extractors taken from the last
+    copies it kept of them (``compfl.copy.<arch>`` in its state), and replies with the trained
+    extractor's weights, which the relay passes on."""
+
+    def read_payload(self, parameters: list[np.ndarray], config: dict) -> Payload:
+        if config.get("visit") != "gossip":
+            return super().read_payload(parameters, config)
+        sizes = [int(n) for n in str(config["mix-sizes"]).split(",")]
+        weights = [float(w) for w in str(config["mix-weights"]).split(",")]
+        bounds = np.cumsum([0, *sizes])
+        return gossip_mix([from_ndarrays(parameters[a:b]) for a, b in zip(bounds, bounds[1:])],
+                          weights)
 
     def receive(self, payload: Payload, server_round: int) -> None:
-        self.received = unpack(payload)
         order = expert_order(self.cfg, *expected_input(self.cfg))
-        used = experts_used(order, self.arch, self.cfg.settings, self.cfg, server_round)
+        self.visit = self.message.get("visit")
+        if self.visit is None:  # server mode: the global extractors of the experts used
+            self.received = unpack(payload)
+            used = experts_used(order, self.arch, self.cfg.settings, self.cfg, server_round)
+        else:
+            expert = str(self.message["expert"])
+            mine = order[:order.index(self.arch) + 1]
+            self.received = {a: self._copy(a) for a in mine
+                             if COPY_STATE_KEY.format(arch=a) in self.context.state}
+            self.received[expert] = unpack(payload)[expert]
+            used = tuple(a for a in mine if a in self.received or a == self.arch)
         self.smaller_experts = {arch: self._smaller_expert(arch) for arch in used[:-1]}
 
     def train(self, server_round: int) -> TrainStats:
-        self.update = local_round({**self.smaller_experts, self.arch: self.model}, self.received,
-                                  self.data, self.cfg, self.partition_id, server_round)
+        visit = self.visit is not None
+        self.update = local_round(
+            {**self.smaller_experts, self.arch: self.model}, self.received, self.data, self.cfg,
+            self.partition_id, server_round, expert=self.message["expert"] if visit else None,
+            progress_round=int(self.message["progress-round"]) if visit else None)
         return self.update.stats
 
     def upload(self) -> Payload:
-        return pack(self.update.arch, self.update.upload)
+        if self.visit is None:
+            return pack(self.update.arch, self.update.upload)
+        # The next holder installs it: weights, never a delta.
+        return pack(self.update.arch, self.trained_weights())
+
+    def trained_weights(self) -> Payload:
+        return extractor_arrays(self.update.adapted[self.update.arch].model)
+
+    def _copy(self, arch: str) -> Payload:
+        record = self.context.state[COPY_STATE_KEY.format(arch=arch)]
+        return {k: v.numpy() for k, v in record.to_torch_state_dict().items()}
 
     def fit_metrics(self) -> dict:
         return {"compfl-expert": self.update.arch}  # which expert epsilon-greedy trained
@@ -403,6 +465,10 @@ class CompFLClient(FedClient):
         for arch, model in getattr(self, "smaller_experts", {}).items():
             self.context.state[HEAD_STATE_KEY.format(arch=arch)] = ArrayRecord(
                 torch_state_dict={k: v.detach().cpu() for k, v in model.head.state_dict().items()})
+        if getattr(self, "visit", None) is not None:  # the copy of the expert it trained
+            self.context.state[COPY_STATE_KEY.format(arch=self.update.arch)] = ArrayRecord(
+                torch_state_dict={k: torch.from_numpy(v)
+                                  for k, v in self.trained_weights().items()})
         super().save_state(server_round)
 
 
@@ -439,7 +505,8 @@ class CompFL(PerArchitectureExtractors):
         if len(experts) != 1:
             raise PayloadError(f"an upload must hold one expert's extractor, got {sorted(experts)}")
         expert = experts.pop()
-        allowed = trainable_experts(self.order, client.arch, self.settings)
+        allowed = trainable_experts(self.order, client.arch, self.settings) \
+            if self.cfg.server_loop == "rounds" else self.order[:self.order.index(client.arch) + 1]
         if expert not in allowed:
             raise PayloadError(f"a client of {client.arch} may train only {list(allowed)}, "
                                f"not {expert!r}")
@@ -454,3 +521,15 @@ class CompFL(PerArchitectureExtractors):
         if self.settings.upload == "weights":
             return average  # = theta~ + sum_i alpha_i (w_i - theta~)
         return {k: (v + average[k]).astype(v.dtype) for k, v in self.extractors[arch].items()}
+
+    # -- device to device (fedapp.relay_loop): the server only says which experts exist, who
+    #    can run them and where they start; it never averages
+    def experts(self) -> tuple[str, ...]:
+        return self.order
+
+    def can_run(self, arch: str, expert: str) -> bool:
+        return self.order.index(expert) <= self.order.index(arch)
+
+    def initial_model(self, expert: str) -> Payload:
+        """The expert's extractor as initialised from the seed, named after it."""
+        return pack(expert, self.extractors[expert])

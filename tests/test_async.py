@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from flwr.app import Context, Error, Message, RecordDict
+from flwr.compat.common.recorddict_compat import recorddict_to_fitins, recorddict_to_fitres
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedapp import client_app
@@ -44,6 +45,8 @@ class FakeGrid:
         self.break_reply = break_reply
         self.in_flight_per_node: dict[int, int] = {}
         self.count = 0
+        self.trains: list[tuple[int, dict, list[bytes], list[bytes]]] = []  # (pid, config,
+        # the tensors sent, the tensors replied) of every answered train message
 
     def get_node_ids(self):
         return list(self.contexts)
@@ -86,10 +89,16 @@ class FakeGrid:
             reply = client_app.app(message, context)
         except Exception as exc:  # as a SuperNode reports a ClientApp that raised
             return Message(Error(code=2, reason=repr(exc)), reply_to=message)
-        if self.break_reply is not None and message.metadata.message_type == "train":
-            pid = context.node_config["partition-id"]
+        if message.metadata.message_type != "train":
+            return reply
+        pid = context.node_config["partition-id"]
+        if self.break_reply is not None:
             update = int(message.content["fitins.config"]["server-round"])
             reply = self.break_reply(pid, update, message, reply) or reply
+        if not reply.has_error():
+            self.trains.append((pid, dict(message.content["fitins.config"]),
+                                recorddict_to_fitins(message.content, True).parameters.tensors,
+                                recorddict_to_fitres(reply.content, True).parameters.tensors))
         return reply
 
 
@@ -104,9 +113,11 @@ def run_config(**overrides) -> dict:
     return flat
 
 
-def run_async(tmp_path, name, shuffle=None, break_reply=None, flat=None, **overrides):
+def run_async(tmp_path, name, shuffle=None, break_reply=None, flat=None, loop=AsyncLoop,
+              grid_out=None, **overrides):
     """(summary, updates.jsonl lines, strategy) of an asynchronous run on the fake grid, of
-    ``run_config(**overrides)`` or of a whole flat run config ``flat``."""
+    ``run_config(**overrides)`` or of a whole flat run config ``flat``; ``loop``: another
+    loop over the same grid; ``grid_out``: a list that receives the grid."""
     flat = flat or run_config(**overrides)
     cfg = load_config(flat)
     rounds = AsyncLoop.evaluations_of(cfg)
@@ -116,7 +127,9 @@ def run_async(tmp_path, name, shuffle=None, break_reply=None, flat=None, **overr
     strategy = METHODS[cfg.method].strategy(cfg, recorder, input_shape=(1, 28, 28),
                                             num_classes=10)
     grid = FakeGrid(flat, cfg.num_clients, shuffle=shuffle, break_reply=break_reply)
-    summary = AsyncLoop(grid, strategy, recorder).run()
+    if grid_out is not None:
+        grid_out.append(grid)
+    summary = loop(grid, strategy, recorder).run()
     updates = [json.loads(line) for line in
                (tmp_path / name / "updates.jsonl").read_text().splitlines()]
     return summary, updates, strategy
@@ -251,7 +264,7 @@ def test_evaluations_are_called_every_e_updates_and_at_the_end(tmp_path):
 def test_methods_that_aggregate_whole_rounds_are_refused():
     with pytest.raises(ConfigError, match="server-loop = 'async' is invalid for method 'fedgh'"):
         load_config(run_config(method="fedgh"))
-    with pytest.raises(ConfigError, match="keeps no checkpoints"):
+    with pytest.raises(ConfigError, match="only synchronous rounds keep checkpoints"):
         load_config(run_config(checkpoint_every=1))
 
 

@@ -1,7 +1,7 @@
 """``fedapp deploy``: keys and certificates, and a real deployment on loopback — a SuperLink with
 TLS and SuperNode authentication, two registered SuperNodes (one taking its partition by id, one
-reading its own data-dir), an unregistered one that must be refused, a synchronous run and an
-asynchronous FedHe run."""
+reading its own data-dir), an unregistered one that must be refused, a synchronous run, an
+asynchronous FedHe run and a device-to-device CompFL walk."""
 
 import ipaddress
 import json
@@ -146,6 +146,23 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path, spawn):
     summary = json.loads((out / "deployed-async" / "summary.json").read_text())
     assert summary["loop"] == "async" and summary["updates"]["committed"] == 2
     assert set(summary["accuracy"]["per_client"]) == {"0", "1"}
+
+    # And CompFL's device-to-device walk: the SuperLink relays each expert from node to node.
+    proc = subprocess.run([*FEDAPP, "deploy", "run", "smoke", *RUN_SETTINGS,
+                           "--set", 'method="compfl"', "--set", 'server-loop="walk"',
+                           "--set", 'clock="arrival"', "--set", "num-server-rounds=1",
+                           "--set", 'run-name="deployed-walk"', "--output-dir", str(out), *d],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = (out / "deployed-walk" / "flwr.log").read_text()
+    run_id = next(line.split()[-1] for line in log.splitlines()
+                  if "Successfully started run" in line)
+    assert _run_status(env, run_id) == "finished:completed"
+    summary = json.loads((out / "deployed-walk" / "summary.json").read_text())
+    assert summary["loop"] == "walk" and summary["updates"]["committed"] == 2
+    # One update per walker, where it started: the topology is there, no edge crossed yet.
+    assert summary["peer_traffic"]["edges"] == 1
+    assert (out / "deployed-walk" / "edges.json").exists()
 
     assert intruder.wait(timeout=60) != 0
     assert "Failed to activate SuperNode" in (tmp_path / "intruder.log").read_text()
