@@ -45,7 +45,7 @@ from flwr.common import FitRes, Parameters
 from flwr.common.logger import log
 
 from fedapp.async_loop import AsyncLoop, Work
-from fedapp.payload import WireSize, wire_size
+from fedapp.payload import wire_size
 from fedapp.strategy_base import Encoder, RoundFailed, Upload
 from fedapp.topology import Topology, draw, metropolis_weights
 from fedapp.training import derive_seed

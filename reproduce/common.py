@@ -43,6 +43,15 @@ def run_experiment(preset: str, overrides: Mapping[str, Any], run_name: str,
     return json.loads(summary_path.read_text())
 
 
+def per_architecture(summaries: Sequence[Mapping[str, Any]]) -> str:
+    """``"cnn1 0.8123, cnn2 0.7900"``: each architecture's accuracy, mean over the runs."""
+    per_arch: dict[str, list[float]] = {}
+    for s in summaries:
+        for arch, acc in s["accuracy"]["per_architecture"].items():
+            per_arch.setdefault(arch, []).append(acc)
+    return ", ".join(f"{a} {np.mean(v):.4f}" for a, v in sorted(per_arch.items()))
+
+
 def mean_std(values: Iterable[float]) -> tuple[float, float]:
     arr = np.asarray(list(values), dtype=float)
     return float(arr.mean()), float(arr.std())

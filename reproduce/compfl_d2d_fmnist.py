@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (ROOT, cell, mean_std, per_client_accuracies, plot_panels, run_experiment,
-                    write_generated)
+from common import (ROOT, cell, mean_std, per_architecture, per_client_accuracies, plot_panels,
+                    run_experiment, write_generated)
 
 PRESET = "compfl-fmnist"
 SCRIPT = "reproduce/compfl_d2d_fmnist.py"
@@ -45,11 +45,7 @@ def row(label: str, graph: str, summaries: list[dict]) -> str:
     peer_text = "—" if peer is None else (
         f"{peer['total_bytes'] / summaries[0]['num_clients'] / 2**20:.1f} MiB / "
         f"{peer['max_edge_bytes'] / 2**20:.1f} MiB")
-    per_arch = {}
-    for s in summaries:
-        for arch, acc in s["accuracy"]["per_architecture"].items():
-            per_arch.setdefault(arch, []).append(acc)
-    arch_text = ", ".join(f"{a} {np.mean(v):.4f}" for a, v in sorted(per_arch.items()))
+    arch_text = per_architecture(summaries)
     return (f"| {label} | {graph} | {cell(accuracy(s) for s in summaries)} | {arch_text} | "
             f"{relay / 2**20:.1f} MiB | {peer_text} | "
             f"{mean_std(s['wall_seconds'] for s in summaries)[0]:.0f} |")

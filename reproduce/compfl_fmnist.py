@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (ROOT, cell, mean_std, per_client_accuracies, plot_panels, run_experiment,
-                    write_generated)
+from common import (ROOT, cell, mean_std, per_architecture, per_client_accuracies, plot_panels,
+                    run_experiment, write_generated)
 
 PRESET = "compfl-fmnist"
 SCRIPT = "reproduce/compfl_fmnist.py"
@@ -53,11 +53,7 @@ def accuracy(summary: dict) -> float:
 
 def row(label: str, summaries: list[dict]) -> str:
     com = summaries[0]["communication"]
-    per_arch = {}
-    for s in summaries:
-        for arch, acc in s["accuracy"]["per_architecture"].items():
-            per_arch.setdefault(arch, []).append(acc)
-    arch_text = ", ".join(f"{a} {np.mean(v):.4f}" for a, v in sorted(per_arch.items()))
+    arch_text = per_architecture(summaries)
     return (f"| {label} | {cell(accuracy(s) for s in summaries)} | {arch_text} | "
             f"{com['floats_per_client_per_round_up']:.0f} / "
             f"{com['floats_per_client_per_round_down']:.0f} | "

@@ -113,52 +113,38 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path, spawn):
     intruder = supernode("intruder", "partition-id=0 num-partitions=2", "--max-retries", "1")
 
     out = tmp_path / "results"
-    # One round: in deployment every message starts a flwr-clientapp process (seconds each);
-    # what crosses rounds is tested in simulation.
-    proc = subprocess.run([*FEDAPP, "deploy", "run", "smoke", *RUN_SETTINGS,
-                           "--set", "num-server-rounds=1",
-                           "--set", 'run-name="deployed"', "--output-dir", str(out), *d],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("[fedapp] round") == 1
-
-    # The exit status above already depends on it; check the SuperLink's word directly too.
     env = connected_env(tmp_path / "deployment" / "flwr-home")
-    log = (out / "deployed" / "flwr.log").read_text()
-    run_id = next(line.split()[-1] for line in log.splitlines()
-                  if "Successfully started run" in line)
-    assert _run_status(env, run_id) == "finished:completed"
-    summary = json.loads((out / "deployed" / "summary.json").read_text())
+
+    def deployed_run(name: str, *settings: str) -> tuple[str, dict]:
+        """``fedapp deploy run`` of the smoke preset, one round: in deployment every message
+        starts a flwr-clientapp process (seconds each); what crosses rounds is tested in
+        simulation. Its stdout and summary, once the exit status and the SuperLink's own
+        word on the run (the exit status already depends on it) say it completed."""
+        proc = subprocess.run([*FEDAPP, "deploy", "run", "smoke", *RUN_SETTINGS, *settings,
+                               "--set", "num-server-rounds=1", "--set", f'run-name="{name}"',
+                               "--output-dir", str(out), *d],
+                              cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        log = (out / name / "flwr.log").read_text()
+        run_id = next(line.split()[-1] for line in log.splitlines()
+                      if "Successfully started run" in line)
+        assert _run_status(env, run_id) == "finished:completed"
+        return proc.stdout, json.loads((out / name / "summary.json").read_text())
+
+    stdout, summary = deployed_run("deployed")
+    assert stdout.count("[fedapp] round") == 1
     assert set(summary["accuracy"]["per_client"]) == {"0", "1"}
     assert summary["rounds"] == 1 and summary["failures"] == 0
 
     # The same SuperNodes serve FedHe's asynchronous loop (replies taken as they arrive).
-    proc = subprocess.run([*FEDAPP, "deploy", "run", "smoke", *RUN_SETTINGS,
-                           "--set", 'method="fedhe"', "--set", 'server-loop="async"',
-                           "--set", 'clock="arrival"', "--set", "num-server-rounds=1",
-                           "--set", 'run-name="deployed-async"', "--output-dir", str(out), *d],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    log = (out / "deployed-async" / "flwr.log").read_text()
-    run_id = next(line.split()[-1] for line in log.splitlines()
-                  if "Successfully started run" in line)
-    assert _run_status(env, run_id) == "finished:completed"
-    summary = json.loads((out / "deployed-async" / "summary.json").read_text())
+    _, summary = deployed_run("deployed-async", "--set", 'method="fedhe"',
+                              "--set", 'server-loop="async"', "--set", 'clock="arrival"')
     assert summary["loop"] == "async" and summary["updates"]["committed"] == 2
     assert set(summary["accuracy"]["per_client"]) == {"0", "1"}
 
     # And CompFL's device-to-device walk: the SuperLink relays each expert from node to node.
-    proc = subprocess.run([*FEDAPP, "deploy", "run", "smoke", *RUN_SETTINGS,
-                           "--set", 'method="compfl"', "--set", 'server-loop="walk"',
-                           "--set", 'clock="arrival"', "--set", "num-server-rounds=1",
-                           "--set", 'run-name="deployed-walk"', "--output-dir", str(out), *d],
-                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    log = (out / "deployed-walk" / "flwr.log").read_text()
-    run_id = next(line.split()[-1] for line in log.splitlines()
-                  if "Successfully started run" in line)
-    assert _run_status(env, run_id) == "finished:completed"
-    summary = json.loads((out / "deployed-walk" / "summary.json").read_text())
+    _, summary = deployed_run("deployed-walk", "--set", 'method="compfl"',
+                              "--set", 'server-loop="walk"', "--set", 'clock="arrival"')
     assert summary["loop"] == "walk" and summary["updates"]["committed"] == 2
     # One update per walker, where it started: the topology is there, no edge crossed yet.
     assert summary["peer_traffic"]["edges"] == 1
