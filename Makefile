@@ -13,7 +13,7 @@ demo: setup
 
 # The fast suite (unit tests + one real `flwr run` smoke run).
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=15
 
 bench: setup
 	.venv/bin/python benchmarks/runtime_overhead.py

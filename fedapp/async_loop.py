@@ -282,8 +282,11 @@ class AsyncLoop:
             record["reason"] = reason
         self.updates.append(record)
         self.recorder.record_update(record)
-        if status != "failed" and (self.committed % self.eval_every == 0
-                                   or self.committed == self.budget):
+        # Every eval_every commits and at the end of the budget (which a gossip drop can
+        # reach with a failed update), once per commit count.
+        due = (status != "failed" and self.committed % self.eval_every == 0) \
+            or self.committed >= self.budget
+        if due and (not self.evaluations or self.evaluations[-1].updates != self.committed):
             self._call_evaluation()
 
     # What a commit means: the asynchronous loop folds the upload into the method's server

@@ -1,6 +1,7 @@
 """Hostile uploads against every registered method, through the one validation path of the base.
 
-Each method's honest round-1 uploads come from its real clients (the smoke preset, in process);
+Each method's honest round-1 uploads come from its real clients (the smoke preset, smaller and
+at a quarter of the width, in process);
 then one client's upload is replaced by each row of ``HOSTILE`` in turn. A row either must be
 refused — and then the server's state afterwards is exactly what the two honest uploads alone
 give — or must be accepted as the same values in the wire dtypes. Nothing may raise out of
@@ -189,7 +190,7 @@ def _server_state(strategy, manager) -> list[dict]:
 
 
 def _aggregate(method, honest, hostile=None):
-    strategy = make_strategy(method, **smoke_overrides(method))
+    strategy = make_strategy(method, **small_smoke_overrides(method))
     manager, proxies = client_manager(strategy)
     strategy.configure_fit(1, None, manager)
     results = [(proxies[pid], res) for pid, res in sorted(honest.items())]
@@ -202,7 +203,7 @@ def _aggregate(method, honest, hostile=None):
 @pytest.fixture(scope="module", params=sorted(METHODS))
 def honest_round(request):
     """A method and its clients' honest round-1 replies, {pid: FitRes}."""
-    fed = InProcessFederation(request.param, **smoke_overrides(request.param))
+    fed = InProcessFederation(request.param, **small_smoke_overrides(request.param))
     return request.param, {pid: res for pid, (_, res) in fed.fit_round(1).items()}
 
 
@@ -211,7 +212,7 @@ def test_hostile_upload_table(honest_round):
     honest = {pid: res for pid, res in replies.items() if pid != HOSTILE_PID}
     template = replies[HOSTILE_PID]
     upload = decode(template.parameters)
-    bound = make_strategy(method, **smoke_overrides(method)).cfg.upload_max_abs
+    bound = make_strategy(method, **small_smoke_overrides(method)).cfg.upload_max_abs
     floats = [np.abs(a).max() for a in upload.values() if a.dtype.kind == "f" and a.size]
     # The bound has to leave honest uploads alone, with a wide margin.
     assert not floats or max(floats) < bound / 10

@@ -206,3 +206,21 @@ def test_gossip_trains_largest_first_and_only_relays(tmp_path, no_aggregation):
     # Full topology: in each gossip round every client gets every other member's model.
     assert summary["peer_traffic"]["total_bytes"] == sum(edges.values()) > 0
     assert set(edges) == {f"{s}->{d}" for s in range(4) for d in range(4) if s != d}
+
+
+def test_a_dropped_gossip_member_shrinks_the_budget_and_the_run_ends(tmp_path, caplog):
+    import logging
+
+    from flwr.app import Error
+
+    def crash(pid, update, message, reply):
+        return Message(Error(code=2, reason="boom"), reply_to=message) if pid == 3 else None
+
+    with caplog.at_level(logging.WARNING):
+        summary, updates, _ = run_async(tmp_path, "d", break_reply=crash, loop=GossipLoop,
+                                        flat=relay_config("gossip", async_retries=0))
+    # One gossip round per phase (8 / (2 + 4) rounded): 6 updates, of which client 3's two
+    # (one per phase) are never made once it is dropped.
+    assert "client 3 left the gossip; the run now ends after 4 updates" in caplog.text
+    assert summary["updates"]["committed"] == 4 and "3" not in summary["updates"]["per_client"]
+    assert [u["client"] for u in updates if u["status"] == "failed"] == [3]
