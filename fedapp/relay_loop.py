@@ -41,7 +41,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, Parameters
+from flwr.common import FitIns, FitRes, Parameters
 from flwr.common.logger import log
 
 from fedapp.async_loop import AsyncLoop, Work
@@ -102,14 +102,13 @@ class RelayLoop(AsyncLoop):
         for pid, waiting in self.queue.items():
             if waiting and pid not in self.training and pid in self.proxies:
                 work = waiting.popleft()
-                meta = work.meta
                 self._new_work(pid, work.ins.parameters, work.down, dict(work.ins.config),
-                               start=max(self.now, work.virtual_start), meta=meta)
+                               start=max(self.now, work.virtual_start), meta=work.meta)
 
     def _item(self, pid: int, params: Parameters, config: dict[str, Any],
               meta: dict[str, Any]) -> Work:
         """A queued piece of work (update number and durations are given when it starts)."""
-        return Work(pid, 0, self.committed, self.now, self.now, _Ins(params, config),
+        return Work(pid, 0, self.committed, self.now, self.now, FitIns(params, config),
                     wire_size(params), meta=meta)
 
     def _retry(self, work: Work) -> None:
@@ -131,13 +130,6 @@ class RelayLoop(AsyncLoop):
             "max_edge_bytes": max(edges.values(), default=0),
             "per_client_sent": {str(p): sum(b for (s, _), b in self.edge_bytes.items() if s == p)
                                 for p in range(self.cfg.num_clients)}}}
-
-
-class _Ins:
-    """The parameters and config of a queued message (a FitIns is made when it starts)."""
-
-    def __init__(self, parameters: Parameters, config: dict[str, Any]) -> None:
-        self.parameters, self.config = parameters, config
 
 
 def _own_config(work: Work) -> dict[str, Any]:

@@ -274,3 +274,5 @@ def test_fedapp_methods_says_which_methods_run_without_a_barrier(capsys):
     out = capsys.readouterr().out
     assert all(name in out for name in METHODS)
     assert 'server-loop = "async" (no round barrier) runs: standalone, fedhe' in out
+    assert 'server-loop = "walk" / "gossip" (device to device, the server only relays) runs: ' \
+        'compfl' in out

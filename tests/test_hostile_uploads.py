@@ -44,7 +44,7 @@ def smoke_overrides(method: str) -> dict:
 def small_smoke_overrides(method: str) -> dict:
     """The smoke preset, smaller and faster, for tests of bookkeeping rather than learning."""
     return {**smoke_overrides(method), "synthetic_train": 180, "synthetic_test": 90,
-            "model_width": 0.25}
+            "model_width": 0.25, "feature_dim": 64}
 
 
 # -- the table ------------------------------------------------------------------------------------
