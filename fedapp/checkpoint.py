@@ -12,6 +12,10 @@ stream is keyed by (seed, partition, round), so no generator state is saved:
   (``partition-<id>/round-<r>.state``), so that a client can go back to "as of round k"
   whichever round the server's last checkpoint was taken after.
 
+With ``client-state = "disk"`` the same folder also holds each client's arrays between its
+messages (``partition-<id>/idle.state``, :func:`put_away` / :func:`take_back`), so that an idle
+client costs no memory whatever the number of clients.
+
 The server's checkpoint is a pickle of the server's own objects, read only from the run folder
 the server itself wrote — never anything a client sent (client payloads are plain .npy arrays,
 never unpickled). Client state files are Flower's own protobuf encoding of a ``RecordDict``.
@@ -25,7 +29,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from flwr.app import RecordDict
+from flwr.app import ArrayRecord, RecordDict
 from flwr.common.serde import ProtoRecordDict, recorddict_from_proto, recorddict_to_proto
 
 SERVER_FILE = "server.pkl"
@@ -89,3 +93,30 @@ def load_client(state_dir: Path, partition_id: int, up_to_round: int) -> RecordD
         return None
     blob = (folder / f"round-{rounds[-1]}.state").read_bytes()
     return recorddict_from_proto(ProtoRecordDict.FromString(blob))
+
+
+IDLE_FILE = "idle.state"
+
+
+def put_away(state_dir: Path, partition_id: int, state: RecordDict, changed: bool = True
+             ) -> None:
+    """Move the arrays of ``state`` (the private model and whatever arrays a method keeps) to
+    this client's idle file, leaving only the small config records in memory (``changed``
+    False: the file already holds them, they are only dropped from memory)."""
+    arrays = RecordDict({k: v for k, v in state.items() if isinstance(v, ArrayRecord)})
+    if not arrays:
+        return
+    if changed:
+        _write_atomically(state_dir / f"partition-{partition_id}" / IDLE_FILE,
+                          recorddict_to_proto(arrays).SerializeToString())
+    for key in list(arrays):
+        del state[key]
+
+
+def take_back(state_dir: Path, partition_id: int, state: RecordDict) -> None:
+    """The inverse of :func:`put_away` (nothing to do before the client's first training)."""
+    path = state_dir / f"partition-{partition_id}" / IDLE_FILE
+    if path.exists():
+        for key, record in recorddict_from_proto(
+                ProtoRecordDict.FromString(path.read_bytes())).items():
+            state[key] = record

@@ -274,10 +274,25 @@ class FedClient(NumPyClient):
         for key, record in (saved or {}).items():
             self.context.state[key] = record
 
+    def _take_back_state(self) -> None:
+        """With ``client-state = "disk"``: this client's arrays, from its idle file."""
+        if self.cfg.client_state != "disk":
+            return
+        if not self.state_dir:
+            raise ConfigError("client-state = 'disk' needs a state folder: the server names "
+                              "one in its messages; a deployed node may set state-dir")
+        checkpoint.take_back(Path(self.state_dir), self.partition_id, self.context.state)
+
+    def _put_away_state(self, changed: bool) -> None:
+        if self.cfg.client_state == "disk":
+            checkpoint.put_away(Path(self.state_dir), self.partition_id, self.context.state,
+                                changed)
+
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         server_round = int(config.get("server-round", 0))
         self.inject_faults(server_round)
         self._recover_state(config, server_round - 1)
+        self._take_back_state()
         self.model  # restored (or built from its own seed) before any draw of this round
         # Batch order and augmentations draw from generators keyed by (seed, partition id,
         # round, purpose); dropout can only draw from torch's global generator, so training
@@ -295,6 +310,7 @@ class FedClient(NumPyClient):
             time.sleep(max(0.0, update_duration(self.cfg, self.partition_id, server_round) - 1)
                        * seconds)
         self.save_state(server_round)
+        self._put_away_state(changed=True)
         metrics = {**self.identity(), "train-loss": stats.loss, "train-seconds": seconds,
                    "train-samples": stats.samples, **self.fit_metrics()}
         return to_ndarrays(upload), len(self.data.train_y), metrics
@@ -302,6 +318,7 @@ class FedClient(NumPyClient):
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         start = time.perf_counter()
         self._recover_state(config, int(config.get("server-round", 0)))
+        self._take_back_state()
         changed = self.receive_for_evaluation(from_ndarrays(parameters))
         loss, accuracy = evaluate(self.model, self.data.test_x, self.data.test_y)
         variants = (self.evaluation_variants(self.data.test_x, self.data.test_y)
@@ -318,6 +335,7 @@ class FedClient(NumPyClient):
             # (What a server sends for evaluation is never kept: training goes on from the
             # private model saved after fit.)
             self._cache_model(self._version)
+        self._put_away_state(changed=False)  # evaluation never changes the saved state
         metrics["eval-seconds"] = time.perf_counter() - start
         return loss, len(self.data.test_y), metrics
 

@@ -130,6 +130,12 @@ class RunConfig:
         low=0)
     resume: bool = _opt(False, "continue the run in output-dir/run-name from its last "
                         "checkpoint (set by `fedapp run --resume`)")
+    client_state: str = _opt(
+        "memory", "where a client keeps its private model (and a method's other arrays) "
+        "between its messages: 'memory' (Flower's context.state) or 'disk' (one file per "
+        "client in the run folder's client-state/, read when the client gets a message: "
+        "memory then stays flat however many clients a run has; same results)",
+        choices=("memory", "disk"))
     # -- faults on purpose, for robustness studies and tests (seeded per client and round)
     fault_crash_fraction: float = _opt(
         0.0, "probability that a client raises instead of training, per client and round",
@@ -345,6 +351,10 @@ def _check_cross_field(cfg: RunConfig) -> None:
         raise ConfigError(f"setting checkpoint-every / resume is invalid with server-loop = "
                           f"{cfg.server_loop!r}: only synchronous rounds keep checkpoints; use "
                           "server-loop = 'rounds' or checkpoint-every = 0.")
+    if cfg.client_state == "disk" and (cfg.checkpoint_every or cfg.resume):
+        raise ConfigError("setting client-state = 'disk' is invalid with checkpoint-every / "
+                          "resume: a resumed client must start from its checkpoint, not from "
+                          "its newer idle file; use client-state = 'memory' with checkpoints.")
     if cfg.walk_forward >= 1:
         raise ConfigError(f"setting walk-forward = {cfg.walk_forward} is invalid: a walk whose "
                           "holders never train would never finish; use a value below 1.")

@@ -229,7 +229,8 @@ class FedStrategy(Strategy):
         """The config of every message for ``server_round`` (in the asynchronous loop: the
         client's own update number, which keys its random streams)."""
         config: dict[str, Scalar] = {"server-round": server_round}
-        if self.cfg.checkpoint_every and self.recorder is not None:
+        if (self.cfg.checkpoint_every or self.cfg.client_state == "disk") \
+                and self.recorder is not None:
             config["state-dir"] = str(self.recorder.run_dir / "client-state")
         return config
 

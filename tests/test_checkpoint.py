@@ -88,3 +88,25 @@ def test_resume_without_a_checkpoint_is_refused(tmp_path):
         "resume": True})
     with pytest.raises(ConfigError, match="holds no checkpoint"):
         server_fn(context)
+
+
+@pytest.mark.parametrize("method", ["compfl", "fedhe"])
+def test_client_state_on_disk_changes_no_result_and_leaves_no_arrays_in_memory(method,
+                                                                               tmp_path):
+    from flwr.app import ArrayRecord
+
+    from fedapp.config import ConfigError
+    runs = {}
+    for where in ("memory", "disk"):
+        fed = _federation(method, tmp_path / where, checkpoint_every=0, client_state=where)
+        for rnd in (1, 2, 3):
+            fed.fit_round(rnd)
+            runs.setdefault(where, []).append(
+                {p: m["accuracy"] for p, m in fed.evaluate_round(rnd).items()})
+            held = [k for c in fed.contexts for k, v in c.state.items()
+                    if isinstance(v, ArrayRecord)]
+            assert bool(held) == (where == "memory")
+    assert runs["disk"] == runs["memory"]
+    assert len(list((tmp_path / "disk" / "client-state").glob("partition-*/idle.state"))) == 3
+    with pytest.raises(ConfigError, match="client-state = 'disk' is invalid with"):
+        _federation(method, tmp_path / "x", client_state="disk")
