@@ -9,7 +9,6 @@ times ``width`` and strides 1-2-2-2, then global average pooling.
 from __future__ import annotations
 
 from torch import nn
-from torchvision.models.resnet import BasicBlock
 
 from .base import HeteroModel, finish_model, probe_output_shape, scale_channels
 
@@ -54,6 +53,8 @@ def build_cifar_resnet(
 
 def _stage(in_channels: int, out_channels: int, blocks: int, stride: int) -> nn.Sequential:
     """``blocks`` BasicBlocks; the first one changes resolution/width via a 1x1 shortcut."""
+    # Imported here: torchvision costs seconds of start-up to every process that imports the zoo.
+    from torchvision.models.resnet import BasicBlock
     stage = []
     for i in range(blocks):
         block_stride = stride if i == 0 else 1

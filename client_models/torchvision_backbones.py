@@ -14,17 +14,25 @@ from __future__ import annotations
 from typing import Callable
 
 from torch import nn
-from torchvision import models
 
 from .base import HeteroModel, ModelConfigError, finish_model, probe_output_shape, scale_channels
 
 FAMILY = "fedclassavg"
 
+
+
+def _tv():
+    """``torchvision.models``, imported when a backbone is built (it costs seconds of start-up
+    to every process that imports the zoo otherwise)."""
+    from torchvision import models
+    return models
+
+
 # Constructors without pre-trained weights (no downloads, ever).
 TORCHVISION_BACKBONES: dict[str, Callable[[], nn.Module]] = {
-    "tv-resnet18": lambda: models.resnet18(weights=None),
-    "tv-shufflenetv2": lambda: models.shufflenet_v2_x1_0(weights=None),
-    "tv-googlenet": lambda: models.googlenet(weights=None, aux_logits=False, init_weights=True),
+    "tv-resnet18": lambda: _tv().resnet18(weights=None),
+    "tv-shufflenetv2": lambda: _tv().shufflenet_v2_x1_0(weights=None),
+    "tv-googlenet": lambda: _tv().googlenet(weights=None, aux_logits=False, init_weights=True),
 }
 
 ALEXNET_SMALL_CHANNELS = (64, 128, 256)
