@@ -49,6 +49,9 @@ from fedapp.speeds import update_duration
 from fedapp.strategy_base import Encoder, FedStrategy, RoundFailed, Upload, finite_number
 
 
+LOOP_NAMES = {"async": "asynchronous", "walk": "walk (D/D)", "gossip": "gossip (M/M)"}
+
+
 @dataclass
 class Work:
     """One update handed to a client: decided at a commit, sent when the node is free."""
@@ -399,7 +402,7 @@ class AsyncLoop:
         summary = self.recorder.finish({**extra, **self._summary_extra()})
         plot_timeline(self.updates, [e.virtual_time for e in self.evaluations],
                       self.recorder.run_dir / "timeline.png",
-                      f"{self.cfg.method}, asynchronous, {self.cfg.clock} clock")
+                      f"{self.cfg.method}, {LOOP_NAMES[self.cfg.server_loop]}, {self.cfg.clock} clock")
         acc = summary["accuracy"]
         log(INFO, "[fedapp] done: accuracy %s over %d clients after %d updates; results in %s",
             format_accuracy(acc["mean"], acc["std"]), len(acc["per_client"]), self.committed,
