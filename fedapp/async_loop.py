@@ -24,6 +24,10 @@ What is recorded: ``updates.jsonl`` (per update: client, its update number, virt
 times, staleness = commits between its download and its upload, bytes both ways, status),
 ``rounds.jsonl`` (per evaluation: the usual accuracy block, the window's traffic and counts),
 ``summary.json`` (plus ``updates`` and ``staleness``) and ``timeline.png``.
+
+The device-to-device loops (``fedapp.relay_loop``) are subclasses: they keep all of this and
+change only who gets work next (``_plan``) and what a commit does (``_fold``, ``_lost``,
+``_retry``).
 """
 
 from __future__ import annotations
