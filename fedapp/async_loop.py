@@ -24,6 +24,10 @@ What is recorded: ``updates.jsonl`` (per update: client, its update number, virt
 times, staleness = commits between its download and its upload, bytes both ways, status),
 ``rounds.jsonl`` (per evaluation: the usual accuracy block, the window's traffic and counts),
 ``summary.json`` (plus ``updates`` and ``staleness``) and ``timeline.png``.
+
+The device-to-device loops (``fedapp.relay_loop``) are subclasses: they keep all of this and
+change only who gets work next (``_plan``) and what a commit does (``_fold``, ``_lost``,
+``_retry``).
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ from fedapp.payload import PayloadError, WireSize, wire_size
 from fedapp.results import Recorder, format_accuracy, plot_timeline, round_record
 from fedapp.speeds import update_duration
 from fedapp.strategy_base import Encoder, FedStrategy, RoundFailed, Upload, finite_number
+
+
+LOOP_NAMES = {"async": "asynchronous", "walk": "walk (D/D)", "gossip": "gossip (M/M)"}
 
 
 @dataclass
@@ -399,7 +406,7 @@ class AsyncLoop:
         summary = self.recorder.finish({**extra, **self._summary_extra()})
         plot_timeline(self.updates, [e.virtual_time for e in self.evaluations],
                       self.recorder.run_dir / "timeline.png",
-                      f"{self.cfg.method}, asynchronous, {self.cfg.clock} clock")
+                      f"{self.cfg.method}, {LOOP_NAMES[self.cfg.server_loop]}, {self.cfg.clock} clock")
         acc = summary["accuracy"]
         log(INFO, "[fedapp] done: accuracy %s over %d clients after %d updates; results in %s",
             format_accuracy(acc["mean"], acc["std"]), len(acc["per_client"]), self.committed,
