@@ -74,6 +74,22 @@ def finite_number(value: Any, low: float = -math.inf,
     return value if math.isfinite(value) and low <= value <= high else None
 
 
+TERM_PREFIX = "term-"
+
+
+def train_terms(uploads: list[Upload]) -> dict[str, float]:
+    """The mean over the round's uploads of each ``term-<name>`` training metric a method
+    reports (its loss terms, their gradient norms: diagnostics a user can plot per round).
+    A value that is not a finite number is left out, so a hostile client cannot put a NaN
+    or a string into the results."""
+    values: dict[str, list[float]] = {}
+    for upload in uploads:
+        for key, value in upload.metrics.items():
+            if key.startswith(TERM_PREFIX) and (number := finite_number(value)) is not None:
+                values.setdefault(key[len(TERM_PREFIX):], []).append(number)
+    return {name: float(np.mean(v)) for name, v in sorted(values.items())}
+
+
 def _seconds(metrics: Mapping[str, Any], key: str) -> float:
     return finite_number(metrics.get(key, 0.0), low=0.0) or 0.0
 
@@ -145,6 +161,7 @@ class FedStrategy(Strategy):
         self._rejected: list[int] = []  # partition ids whose upload was refused, this round
         self._client_seconds = 0.0
         self._train_loss: float | None = None  # mean over this round's uploads
+        self._train_terms: dict[str, float] = {}  # the same for a method's term-* metrics
         self._evaluated: list[int] = []  # partition ids asked to evaluate, this round
         # Flower counts rounds from 1 in every run; a resumed run continues after its last
         # checkpoint, so the rounds every method sees are Flower's plus this offset.
@@ -285,7 +302,7 @@ class FedStrategy(Strategy):
         self._counts = {"clients_fit": 0, "failures": 0, "rejected": 0}
         self._failed, self._rejected = [], []
         self._client_seconds = 0.0
-        self._train_loss, self._evaluated = None, []
+        self._train_loss, self._train_terms, self._evaluated = None, {}, []
         available = self.list_clients(client_manager)
         n = max(self.cfg.min_fit_clients, math.ceil(self.cfg.fraction_fit * len(available)))
         n = min(n, len(available))
@@ -334,6 +351,7 @@ class FedStrategy(Strategy):
         losses = [loss for u in uploads
                   if (loss := finite_number(u.metrics.get("train-loss"), low=0.0)) is not None]
         self._train_loss = float(np.mean(losses)) if losses else None
+        self._train_terms = train_terms(uploads)
         if not uploads:
             raise RoundFailed(
                 f"round {server_round}: no client returned a usable update "
@@ -449,6 +467,7 @@ class FedStrategy(Strategy):
         who = {"clients_sampled": len(self._sampled), "failed_clients": self._failed,
                "rejected_clients": sorted(self._rejected), "evaluated": self._evaluated,
                "train_loss": self._train_loss,
+               **({"train_terms": self._train_terms} if self._train_terms else {}),
                # What the round would take if clients were as fast as fedapp.speeds says: the
                # barrier waits for the slowest client sampled.
                "virtual_seconds": max((update_duration(self.cfg, pid, server_round)

@@ -79,6 +79,12 @@ class FedClassAvgSettings:
     adam_beta2: float = opt(0.999, "Adam beta2 when optimizer = 'adam'", low=0.0, high=1.0)
     warmup: bool = opt(False, "train local-epochs epochs with SupCon + CE before the first "
                        "round, as the reference code does (the paper says no warm-up)")
+    diagnose: bool = opt(False, "diagnostics (not in the paper; they cost an extra backward "
+                         "pass per term and a pass over the training data per evaluation): each "
+                         "term's gradient norm on the extractor and on the classifier "
+                         "(term-*-grad-*), and accuracy-ncm = nearest-class-mean accuracy of "
+                         "the extractor's normalised features, the class means taken on the "
+                         "client's training data; the training itself is unchanged")
     feature_dim: int = opt(512, "d of the features and of the shared classifier Linear(d, C) "
                            "(paper: 512 for every backbone); it replaces the shared "
                            "feature-dim for this method, 0 = use feature-dim", low=0)
@@ -163,6 +169,7 @@ class FedClassAvgClient(LgFedAvgClient):
         # The global classifier w_C, fixed for the round, for the proximal term.
         self.global_classifier = [p.detach().clone() for p in self.model.head.parameters()]
         self._batch = 0
+        self._terms: dict[str, Tensor] = {}  # sums over the round's batches, on the device
 
     def _has_trained(self) -> bool:
         return VERSION_KEY in self.context.state  # saved after every fit
@@ -182,32 +189,84 @@ class FedClassAvgClient(LgFedAvgClient):
         return make_optimizer(self.model.parameters(), c.optimizer, c.lr, c.momentum,
                               c.weight_decay, betas=(s.adam_beta1, s.adam_beta2))
 
+    def _supcon_extractor(self) -> nn.Module:
+        extractor = self.model.extractor
+        return (_pre_relu_extractor(extractor) if self.cfg.settings.supcon_features == "pre-relu"
+                else extractor)
+
     def _views(self, x: Tensor) -> Tensor:
         return self.augment_views(x, self.view_generator) if self.cfg.settings.augment else x
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         s = self.cfg.settings
-        model = self.model
-        extractor = (_pre_relu_extractor(model.extractor) if s.supcon_features == "pre-relu"
-                     else model.extractor)
+        model, extractor = self.model, self._supcon_extractor()
+        terms: dict[str, Tensor] = {}
         if s.contrastive:
             # Both views in one forward pass (BatchNorm sees them together, as in the code).
             z = extractor(torch.cat([self._views(x), self._views(x)]))
             z1, z2 = z.chunk(2)
-            loss = supcon_loss(torch.stack([z1, z2], dim=1), y, s.temperature,
-                               s.base_temperature, s.normalize_features)
+            terms["supcon"] = supcon_loss(torch.stack([z1, z2], dim=1), y, s.temperature,
+                                          s.base_temperature, s.normalize_features)
         else:
             z1 = extractor(self._views(x))
-            loss = z1.new_zeros(())
         # The classifier's ReLU: a no-op on post-ReLU features, the code's ReLU on pre-ReLU.
-        loss = loss + F.cross_entropy(model.head(F.relu(z1)), y)
+        terms["ce"] = F.cross_entropy(model.head(F.relu(z1)), y)
         first_batch = self._batch % self._batches_per_epoch() == 0
         self._batch += 1
         if (s.proximal and self.global_classifier is not None
                 and not (s.proximal_skip_first_batch and first_batch)):
-            loss = loss + s.rho * proximal_term(list(model.head.parameters()),
-                                                self.global_classifier, s.proximal_form)
-        return loss
+            terms["proximal"] = s.rho * proximal_term(list(model.head.parameters()),
+                                                      self.global_classifier, s.proximal_form)
+        self._record_terms(terms)
+        return sum(terms.values())
+
+    def _record_terms(self, terms: dict[str, Tensor]) -> None:
+        """Add each term's value (as it enters the loss, weights and T/T_base included) to the
+        round's sums, and with ``diagnose`` its gradient norm on the extractor and on the
+        classifier: with Adam a term whose gradient is orders of magnitude larger than the
+        others sets the direction of every step alone."""
+        record = {f"{name}-loss": term.detach() for name, term in terms.items()}
+        if self.cfg.settings.diagnose:
+            parts = {"extractor": list(self.model.extractor.parameters()),
+                     "classifier": list(self.model.head.parameters())}
+            for name, term in terms.items():
+                for part, params in parts.items():
+                    grads = [g for g in torch.autograd.grad(term, params, retain_graph=True,
+                                                            allow_unused=True) if g is not None]
+                    if grads:
+                        record[f"{name}-grad-{part}"] = torch.linalg.vector_norm(
+                            torch.cat([g.flatten() for g in grads]))
+        for key, value in record.items():
+            self._terms[key] = self._terms.get(key, 0.0) + value
+        self._terms["batches"] = self._terms.get("batches", 0) + 1
+
+    def fit_metrics(self) -> dict:
+        """Each term's mean over the round's batches (``term-<name>``, see :meth:`_record_terms`)."""
+        terms = dict(getattr(self, "_terms", {}))
+        batches = terms.pop("batches", 0)
+        return {f"term-{key}": float(total) / batches for key, total in terms.items()}
+
+    @torch.no_grad()
+    def evaluation_variants(self, x: Tensor, y: Tensor) -> dict[str, float]:
+        """With ``diagnose``: ``ncm``, how well the extractor alone separates the classes
+        (nearest class mean of the L2-normalised features SupCon sees, the means taken on the
+        client's training data), whatever the classifier has learnt."""
+        if not self.cfg.settings.diagnose or not len(self.data.train_y):
+            return {}
+        self.model.eval()
+        extractor, n_classes = self._supcon_extractor(), self.num_classes
+
+        def features(images: Tensor) -> Tensor:
+            return F.normalize(torch.cat([extractor(images[i:i + 512])
+                                          for i in range(0, len(images), 512)]), dim=1)
+
+        train = features(self.data.train_x)
+        sums = torch.zeros(n_classes, train.shape[1], device=train.device).index_add_(
+            0, self.data.train_y, train)
+        present = torch.bincount(self.data.train_y, minlength=n_classes) > 0
+        means = F.normalize(sums, dim=1)
+        scores = (features(x) @ means.T).masked_fill(~present, float("-inf"))
+        return {"ncm": float((scores.argmax(1) == y).float().mean())}
 
     def _batches_per_epoch(self) -> int:
         return max(1, math.ceil(len(self.data.train_y) / self.cfg.batch_size))

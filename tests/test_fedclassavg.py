@@ -12,7 +12,7 @@ import strategies.fedclassavg as fca
 from fedapp.augment import ViewAugment, color_jitter, resized_crop_flip
 from fedapp.cli import resolve_settings
 from fedapp.config import ConfigError
-from fedapp.payload import decode, encode, float32, from_ndarrays, wire_size
+from fedapp.payload import decode, encode, float32, from_ndarrays, to_ndarrays, wire_size
 from fedapp.results import Recorder
 from strategies import METHODS, load_config
 from tests.conftest import cfg_of, client_manager, eval_res, fit_res, make_strategy
@@ -156,6 +156,46 @@ def test_ablation_switches_turn_terms_off(contrastive, proximal):
     assert prox > 0.1 and supcon > 0.1
     expected = ce + contrastive * supcon + proximal * prox
     assert float(client.loss(x, y).detach()) == pytest.approx(expected, rel=1e-5)
+
+
+def _fit(diagnose):
+    """One round of client 0 from the same start; its trained model and fit metrics."""
+    client = _client(**{"fedclassavg.diagnose": diagnose})
+    head = to_ndarrays({k: v.numpy().copy() for k, v in client.model.head_state().items()})
+    _, _, metrics = client.fit(head, {"server-round": 1})
+    return client.model.state_dict(), metrics
+
+
+def test_terms_add_up_to_the_loss_and_diagnostics_leave_training_unchanged():
+    plain, metrics = _fit(False)
+    diagnosed, diag_metrics = _fit(True)
+    for key in plain:  # the extra backward passes change nothing the optimiser sees
+        torch.testing.assert_close(plain[key], diagnosed[key], rtol=0, atol=0)
+    terms = {k: v for k, v in metrics.items() if k.startswith("term-")}
+    assert set(terms) == {"term-supcon-loss", "term-ce-loss", "term-proximal-loss"}
+    assert sum(terms.values()) == pytest.approx(metrics["train-loss"], rel=1e-5)
+    grads = {k for k in diag_metrics if "-grad-" in k}
+    # SupCon reaches only the extractor, the proximal term only the classifier.
+    assert grads == {"term-supcon-grad-extractor", "term-ce-grad-extractor",
+                     "term-ce-grad-classifier", "term-proximal-grad-classifier"}
+    assert all(diag_metrics[k] >= 0 and math.isfinite(diag_metrics[k]) for k in grads)
+
+
+def test_ncm_accuracy_is_the_nearest_normalised_class_mean():
+    client = _client(**{"fedclassavg.diagnose": True})
+    x, y = client.data.test_x, client.data.test_y
+    got = client.evaluation_variants(x, y)["ncm"]
+    with torch.no_grad():  # the rule written out with numpy
+        extractor = fca._pre_relu_extractor(client.model.extractor).eval()
+        f_train = F.normalize(extractor(client.data.train_x), dim=1).numpy()
+        f_test = F.normalize(extractor(x), dim=1).numpy()
+    train_y = client.data.train_y.numpy()
+    classes = np.unique(train_y)
+    means = np.stack([f_train[train_y == c].mean(0) for c in classes])
+    means /= np.linalg.norm(means, axis=1, keepdims=True)
+    predicted = classes[np.argmax(f_test @ means.T, axis=1)]
+    assert got == pytest.approx(float(np.mean(predicted == y.numpy())))
+    assert _client().evaluation_variants(x, y) == {}  # off by default
 
 
 def test_code_skips_the_proximal_term_on_each_epochs_first_batch():

@@ -332,9 +332,12 @@ def test_evaluation_metrics_are_checked_and_results_stay_valid_json(tmp_path):
                              sizes=[10, 10, 10])
     manager, proxies = client_manager(strategy)
     strategy.configure_fit(1, None, manager)
+    # A method's term-* training diagnostics: only finite numbers reach the results.
+    terms = [{"term-a": math.nan, "term-b": "x"}, {"term-a": 2.0, "term-c": True},
+             {"term-a": 4.0, "term-d": 1e400}]
     strategy.aggregate_fit(1, [(p, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(
         to_ndarrays(strategy.global_head)), 10, {"partition-id": i, "arch": "cnn1",
-                                                 "train-seconds": math.inf}))
+                                                 "train-seconds": math.inf, **terms[i]}))
         for i, p in enumerate(proxies)], [])
     strategy.configure_evaluate(1, None, manager)
     hostile = [{"global-accuracy": "x", "eval-seconds": math.inf},
@@ -351,6 +354,7 @@ def test_evaluation_metrics_are_checked_and_results_stay_valid_json(tmp_path):
     assert record["per_client"] == {"0": 0.5, "1": 0.5, "2": 0.5}
     assert "global_accuracy_mean" not in record and "variants" not in record
     assert math.isfinite(record["client_seconds"])
+    assert record["train_terms"] == {"a": 3.0}
     summary = _strict_json((tmp_path / "run" / "summary.json").read_text())
     assert summary["accuracy"]["mean"] == 0.5
 
