@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 
 from .base import HeteroModel, ModelConfigError, check_common_args
+from .custom import build_custom, is_import_path
 from .paper_cnns import (
     FEDGH_CNNS,
     FEDGH_FAMILY,
@@ -98,8 +99,13 @@ ASSIGNMENT_MODES = ("round-robin", "blocks", "random")
 
 def _unknown_arch(value: object) -> ModelConfigError:
     return ModelConfigError(
-        f"unknown architecture {value!r}; valid names: {', '.join(ARCHITECTURES)}"
+        f"unknown architecture {value!r}; valid names: {', '.join(ARCHITECTURES)}, or an "
+        "import path 'package.module:Class' of your own model (see client_models.custom)"
     )
+
+
+def _known(name: object) -> bool:
+    return isinstance(name, str) and (name in ARCHITECTURES or is_import_path(name))
 
 
 def build_model(
@@ -116,9 +122,12 @@ def build_model(
     an appended Linear + ReLU projection).  ``width`` scales the layer widths (torchvision
     backbones accept only 1.0).  Weights use PyTorch's default init from the global RNG.
     """
-    if arch not in ARCHITECTURES:
+    if not _known(arch):
         raise _unknown_arch(arch)
     shape = check_common_args(arch, input_shape, num_classes, feature_dim, width)
+    if arch not in ARCHITECTURES:  # a user's model (client_models.custom)
+        return build_custom(arch, shape, int(num_classes),
+                            None if feature_dim is None else int(feature_dim), float(width))
     return ARCHITECTURES[arch].builder(
         input_shape=shape,
         num_classes=int(num_classes),
@@ -137,14 +146,16 @@ def parse_arch_mix(text: str) -> list[str]:
             f"architecture mix {text!r} is empty; give comma-separated names from: "
             f"{', '.join(ARCHITECTURES)}"
         )
-    names = [part.strip().lower() for part in text.split(",")]
+    # Import paths keep their case (Python names are case-sensitive).
+    names = [part.strip() if is_import_path(part.strip()) else part.strip().lower()
+             for part in text.split(",")]
     for position, name in enumerate(names, start=1):
         if not name:
             raise ModelConfigError(
                 f"architecture mix {text!r} has an empty entry at position {position}; "
                 f"valid names: {', '.join(ARCHITECTURES)}"
             )
-        if name not in ARCHITECTURES:
+        if not _known(name):
             raise _unknown_arch(name)
     return names
 
@@ -166,7 +177,7 @@ def assign_architectures(
             f"architecture mix is empty; valid names: {', '.join(ARCHITECTURES)}"
         )
     for name in mix:
-        if name not in ARCHITECTURES:
+        if not _known(name):
             raise _unknown_arch(name)
     if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
         raise ModelConfigError(

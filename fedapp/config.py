@@ -52,17 +52,22 @@ class RunConfig:
     min_fit_clients: int = _opt(1, "lower bound on clients sampled per round", low=1)
     seed: int = _opt(0, "seed of every random stream (data split, models, batches)", low=0)
     # -- data
-    dataset: str = _opt("fmnist", "dataset", choices=(
-        "fmnist", "mnist", "cifar10", "cifar100", "emnist-letters", "synthetic"))
+    dataset: str = _opt("fmnist", "dataset ('npz', 'imagefolder', 'federation': a user's own "
+                        "files in data-dir, see docs/data.md)", choices=(
+        "fmnist", "mnist", "cifar10", "cifar100", "emnist-letters", "synthetic", "npz",
+        "imagefolder", "federation"))
     data_dir: str = _opt("", "directory holding the dataset files ('' = the default place)")
+    image_size: int = _opt(0, "imagefolder: resize every image to this square size (0 = keep)",
+                           low=0)
     download: bool = _opt(False, "let torchvision download a missing dataset (needs internet)")
     synthetic_shape: str = _opt("1,28,28", "synthetic input shape 'C,H,W'")
     synthetic_classes: int = _opt(10, "synthetic number of classes", low=2)
     synthetic_train: int = _opt(2000, "synthetic training samples", low=1)
     synthetic_test: int = _opt(500, "synthetic test samples", low=1)
     # -- partition
-    partition: str = _opt("dirichlet", "how the training set is split over clients", choices=(
-        "iid", "dirichlet", "pathological", "two-class", "fixed-size"))
+    partition: str = _opt("dirichlet", "how the training set is split over clients ('files': "
+                          "as a federation's per-client files say)", choices=(
+        "iid", "dirichlet", "pathological", "two-class", "fixed-size", "files"))
     dirichlet_alpha: float = _opt(0.5, "Dirichlet concentration (smaller = more skewed)",
                                   low=0.0, low_open=True)
     min_partition_size: int = _opt(10, "Dirichlet: minimum training samples per client", low=0)
@@ -332,6 +337,14 @@ def _check_cross_field(cfg: RunConfig) -> None:
     except ValueError:
         raise ConfigError(f"setting synthetic-shape = {cfg.synthetic_shape!r} is invalid: "
                           "expected three positive integers 'C,H,W', e.g. '1,28,28'.") from None
+    if (cfg.dataset == "federation") != (cfg.partition == "files"):
+        raise ConfigError(f"settings dataset = {cfg.dataset!r} and partition = "
+                          f"{cfg.partition!r} do not fit: a federation of per-client files "
+                          "(dataset = 'federation') is partitioned by its files (partition = "
+                          "'files'), and only it.")
+    if cfg.dataset in ("npz", "imagefolder", "federation") and not cfg.data_dir:
+        raise ConfigError(f"setting data-dir is empty: dataset = {cfg.dataset!r} reads a "
+                          "folder of your files (layouts in docs/data.md).")
     if not cfg.architectures:
         raise ConfigError(f"setting arch-mix = {cfg.arch_mix!r} is invalid: name at least one "
                           "architecture.")

@@ -51,6 +51,7 @@ __all__ = [
     "DatasetError",
     "TensorData",
     "load_dataset",
+    "make_tensor_data",
     "read_idx",
 ]
 
@@ -85,6 +86,9 @@ class TensorData:
     test_y: torch.Tensor
     num_classes: int
     input_shape: tuple[int, int, int]
+    # A federation given as per-client files (``fedapp.user_data``): client k's indices into
+    # the training and the test split; None for a data set the run partitions itself.
+    clients: tuple[tuple[np.ndarray, np.ndarray], ...] | None = None
 
 
 DATASETS: tuple[str, ...] = (
@@ -249,7 +253,8 @@ def _to_label_tensor(labels: np.ndarray | torch.Tensor | list, offset: int = 0) 
     return y
 
 
-def _make_tensor_data(name, train_x, train_y, test_x, test_y, num_classes) -> TensorData:
+def make_tensor_data(name, train_x, train_y, test_x, test_y, num_classes,
+                     clients=None) -> TensorData:
     """Assemble a :class:`TensorData` and check the invariants every caller relies on."""
     if len(train_x) != len(train_y) or len(test_x) != len(test_y):
         raise DatasetError(f"{name}: number of images and labels differ")
@@ -267,6 +272,7 @@ def _make_tensor_data(name, train_x, train_y, test_x, test_y, num_classes) -> Te
         test_y=test_y,
         num_classes=int(num_classes),
         input_shape=tuple(int(s) for s in train_x.shape[1:]),  # type: ignore[arg-type]
+        clients=clients,
     )
 
 
@@ -356,7 +362,7 @@ def _load_fmnist(data_dir: str, download: bool) -> TensorData:
         raise DatasetError(_fmnist_missing_message(folder))
 
     arrays = {key: read_idx(path) for key, path in files.items()}
-    return _make_tensor_data(
+    return make_tensor_data(
         "fmnist",
         _to_normalised_tensor(arrays[("train", "images")], "fmnist"),
         _to_label_tensor(arrays[("train", "labels")]),
@@ -416,7 +422,7 @@ def _load_torchvision(name: str, data_dir: str, download: bool) -> TensorData:
             _to_label_tensor(ds.targets, offset=labels_offset),
         )
     num_classes = {"mnist": 10, "cifar10": 10, "cifar100": 100, "emnist-letters": 26}[name]
-    return _make_tensor_data(name, *tensors["train"], *tensors["test"], num_classes=num_classes)
+    return make_tensor_data(name, *tensors["train"], *tensors["test"], num_classes=num_classes)
 
 
 # --------------------------------------------------------------------------- #
@@ -473,4 +479,4 @@ def make_synthetic(
 
     train_x, train_y = sample(int(num_train))
     test_x, test_y = sample(int(num_test))
-    return _make_tensor_data("synthetic", train_x, train_y, test_x, test_y, num_classes)
+    return make_tensor_data("synthetic", train_x, train_y, test_x, test_y, num_classes)

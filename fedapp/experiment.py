@@ -12,10 +12,13 @@ from fedapp.config import RunConfig
 from fedapp.data import TensorData, load_dataset
 from fedapp.partitions import Partition, PartitionError, PartitionSpec, get_partition
 from fedapp.training import derive_seed, isolated_rng
+from fedapp.user_data import FILE_DATASETS, load_file_dataset
 
 
 def dataset(cfg: RunConfig) -> TensorData:
-    """The run's dataset, loaded once per process (``load_dataset`` caches)."""
+    """The run's dataset, loaded once per process (both loaders cache)."""
+    if cfg.dataset in FILE_DATASETS:  # a user's own files (fedapp.user_data)
+        return load_file_dataset(cfg.dataset, cfg.data_dir, cfg.image_size)
     return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, seed=cfg.seed,
                         synthetic_shape=cfg.shape, synthetic_classes=cfg.synthetic_classes,
                         synthetic_train=cfg.synthetic_train, synthetic_test=cfg.synthetic_test)

@@ -55,6 +55,9 @@ def expected_input(cfg: RunConfig) -> tuple[tuple[int, int, int], int]:
     """``((C, H, W), num_classes)`` that the run config's dataset has."""
     if cfg.dataset == "synthetic":
         return cfg.shape, cfg.synthetic_classes
+    if cfg.dataset not in DATASET_INPUTS:  # a user's own files: known once they are read
+        data = experiment.dataset(cfg)
+        return data.input_shape, data.num_classes
     return DATASET_INPUTS[cfg.dataset]
 
 

@@ -72,6 +72,7 @@ if TYPE_CHECKING:  # imported lazily at run time: `datasets` costs ~1-2 s to imp
 
 __all__ = [
     "LOCAL_TEST_MODES",
+    "FILES_SCHEME",
     "SCHEMES",
     "ClientData",
     "ClientSplit",
@@ -87,6 +88,8 @@ __all__ = [
 ]
 
 SCHEMES = ("iid", "dirichlet", "pathological", "two-class", "fixed-size")
+# Not drawn here: the partition a federation's per-client files give (files_partition).
+FILES_SCHEME = "files"
 LOCAL_TEST_MODES = ("global", "split")
 
 # Name of the column that carries the original row index through flwr-datasets.
@@ -847,6 +850,26 @@ def make_partition(
 # --------------------------------------------------------------------------- #
 # Tensors per client
 # --------------------------------------------------------------------------- #
+def files_partition(data: "TensorData", spec: PartitionSpec) -> Partition:
+    """``scheme = "files"``: the partition a federation's per-client files give
+    (``fedapp.user_data``): client k trains on its training file and is tested on its test
+    file; none of the other partition settings applies."""
+    if data.clients is None:
+        raise _bad("scheme", FILES_SCHEME, "a federation given as per-client files (dataset = "
+                   "'federation'); other data sets are partitioned by another scheme")
+    if spec.num_clients != len(data.clients):
+        raise _bad("num_clients", spec.num_clients,
+                   f"the {len(data.clients)} clients of the federation's files")
+    if spec.local_test != "global" or spec.label_permutation:
+        raise _bad("local_test" if spec.local_test != "global" else "label_permutation",
+                   spec.local_test if spec.local_test != "global" else True,
+                   "the default with per-client files: their test files are the local tests")
+    empty = np.empty(0, dtype=np.int64)
+    return Partition(spec=spec, clients=tuple(
+        ClientSplit(_frozen(train), _frozen(empty), _frozen(test), None)
+        for train, test in data.clients))
+
+
 def client_data(data: "TensorData", partition: Partition, partition_id: int) -> ClientData:
     """Gather the tensors of client ``partition_id`` (copies; labels permuted if requested)."""
     if not 0 <= partition_id < len(partition.clients):
@@ -894,7 +917,9 @@ def get_partition(data: "TensorData", spec: PartitionSpec) -> Partition:
         if key in _PARTITION_CACHE:
             _PARTITION_CACHE.move_to_end(key)
             return _PARTITION_CACHE[key]
-    partition = make_partition(data.train_y.numpy(), data.test_y.numpy(), data.num_classes, spec)
+    partition = (files_partition(data, spec) if spec.scheme == FILES_SCHEME else
+                 make_partition(data.train_y.numpy(), data.test_y.numpy(), data.num_classes,
+                                spec))
     with _PARTITION_CACHE_LOCK:
         _PARTITION_CACHE[key] = partition
         while len(_PARTITION_CACHE) > _PARTITION_CACHE_SIZE:

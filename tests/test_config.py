@@ -85,9 +85,10 @@ def test_config_is_hashable_for_per_process_caches():
 
 def test_config_choices_match_what_the_data_layer_offers():
     from fedapp.data import DATASETS
-    from fedapp.partitions import LOCAL_TEST_MODES, SCHEMES
-    assert SHARED_KEYS["dataset"].metadata["choices"] == DATASETS
-    assert SHARED_KEYS["partition"].metadata["choices"] == SCHEMES
+    from fedapp.partitions import FILES_SCHEME, LOCAL_TEST_MODES, SCHEMES
+    from fedapp.user_data import FILE_DATASETS
+    assert SHARED_KEYS["dataset"].metadata["choices"] == DATASETS + FILE_DATASETS
+    assert SHARED_KEYS["partition"].metadata["choices"] == SCHEMES + (FILES_SCHEME,)
     assert set(SHARED_KEYS["local-test"].metadata["choices"]) == set(LOCAL_TEST_MODES)
 
 
