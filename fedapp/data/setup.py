@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from client_models import HeteroModel, assign_architectures, build_model
 from fedapp.config import RunConfig
-from fedapp.data import TensorData, load_dataset
-from fedapp.partitions import Partition, PartitionError, PartitionSpec, get_partition
-from fedapp.training import derive_seed, isolated_rng
+from fedapp.data.datasets import TensorData, load_dataset
+from fedapp.data.partitions import Partition, PartitionError, PartitionSpec, get_partition
+from fedapp.seeding import derive_seed, isolated_rng
 
 
 def dataset(cfg: RunConfig) -> TensorData:
