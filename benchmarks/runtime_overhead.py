@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 from flwr.app import Context, RecordDict  # noqa: E402
 
-from fedapp import experiment  # noqa: E402
-from fedapp.partitions import load_client_data  # noqa: E402
+from fedapp.data import setup  # noqa: E402
+from fedapp.data.partitions import load_client_data  # noqa: E402
 from strategies import METHODS, load_config  # noqa: E402
 
 
@@ -55,11 +55,11 @@ def bare(cfg) -> Iterator[float]:
     """The reference: the plainest loop that does the same training and evaluation.
 
     Yields the seconds of each round (set-up is not timed)."""
-    data = experiment.dataset(cfg)
-    shards = [load_client_data(data, experiment.partition_spec(cfg), k)
+    data = setup.dataset(cfg)
+    shards = [load_client_data(data, setup.partition_spec(cfg), k)
               for k in range(cfg.num_clients)]
-    models = [experiment.new_model(cfg, arch, data.input_shape, data.num_classes, k)
-              for k, arch in enumerate(experiment.architectures(cfg))]
+    models = [setup.new_model(cfg, arch, data.input_shape, data.num_classes, k)
+              for k, arch in enumerate(setup.architectures(cfg))]
     for _ in range(cfg.num_server_rounds):
         start = time.perf_counter()
         for model, shard in zip(models, shards):

@@ -1,6 +1,6 @@
 """The common model shape of every client: a feature extractor g plus a linear head h.
 
-All five methods split a client model the same way (methods.md section 6, item 1):
+All five methods split a client model the same way:
 ``z = g(x)`` is a representation in R^d and ``logits = h(z)`` with ``h = Linear(d, C)``.
 FedGH and FedClassAvg share ``h``, CompFL shares ``g``, FedHe shares nothing, so the split
 (and the state-dict key prefixes ``extractor.`` / ``head.``) must be the same for every family.

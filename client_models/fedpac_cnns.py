@@ -1,6 +1,6 @@
 """FedPAC's Fashion-MNIST CNN and a three-conv version: CompFL's two FMNIST experts.
 
-CompFL (methods.md 3.5) trains two CNNs "with different numbers of conv-pool / FC layers" on
+CompFL (Xu et al., FedKDD 2024) trains two CNNs "with different numbers of conv-pool / FC layers" on
 Fashion-MNIST without giving them. The same author's FedPAC code has ``CNN_FMNIST``
 (conv 1->16 5x5, max-pool, conv 16->32 5x5 padding 1, max-pool, FC 800 -> 128, leaky ReLU,
 head 128 -> C), the natural small expert, and a CIFAR CNN that adds a third conv

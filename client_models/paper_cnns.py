@@ -1,7 +1,7 @@
 """The small CNNs the papers themselves use for heterogeneous clients.
 
-* FedGH CNN-1..5 (FedGH paper Table 2, methods.md 1.4; official ``Models/CNNs.py``).
-* FedHe / FedMD CNN 0..9 (FedHe paper Table II, methods.md 5.6; official TF ``Model.py``).
+* FedGH CNN-1..5 (Yi et al., ACM MM 2023, Table 2; official ``Models/CNNs.py``).
+* FedHe / FedMD CNN 0..9 (Chan & Ngai, MSN 2021, Table II; official TF ``Model.py``).
 
 Both families are plain stacks of convolutions; only the layer sizes in the tables differ
 between the members, so each family is one spec table plus one builder.
@@ -144,13 +144,13 @@ def build_fedhe_cnn(
 ) -> HeteroModel:
     """FedHe/FedMD CNN: conv blocks (conv -> BN -> ReLU -> dropout) then flatten | dense head.
 
-    Layer layout from the official ``Model.py`` (methods.md 5.6):
+    Layer layout from FedHe's official ``Model.py`` (Chan & Ngai, MSN 2021):
       conv1 3x3 'same' -> avg-pool 2x2 stride 1 'same';
       2-layer models: conv2 3x3 stride 2 'valid';
       3-layer models: conv2 2x2 stride 2 'valid' -> avg-pool 2x2 stride 2
                       -> conv3 3x3 stride 2 'valid'.
     The native representation is the flattened last conv block.  ``width`` scales the
-    filter counts (methods.md 7.1: full width is far too slow on CPU; use about 0.25).
+    filter counts (full width is far too slow on CPU; use about 0.25).
     The official head is a bias-free Dense with L2 1e-3; here it is a normal Linear like
     every other family, so heads are interchangeable.
     """

@@ -1,9 +1,9 @@
 """Small CIFAR-style ResNets built from BasicBlocks, with configurable depth and width.
 
-These are the CPU-sized stand-ins for the ResNets of Felo/Velo and FedClassAvg
-(methods.md 6 item 2): a 3x3 stem without max-pool (so 28x28 and 32x32 inputs are not
-shrunk 4x before the first stage), four stages of BasicBlocks with widths 64-128-256-512
-times ``width`` and strides 1-2-2-2, then global average pooling.
+These are the CPU-sized stand-ins for the ResNets of Felo/Velo (Chan & Ngai, Computer Networks)
+and FedClassAvg (Jang et al., ICPP 2022): a 3x3 stem without max-pool (so 28x28 and 32x32
+inputs are not shrunk 4x before the first stage), four stages of BasicBlocks with widths
+64-128-256-512 times ``width`` and strides 1-2-2-2, then global average pooling.
 """
 
 from __future__ import annotations

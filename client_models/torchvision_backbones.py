@@ -1,4 +1,4 @@
-"""FedClassAvg's heterogeneous backbones (FedClassAvg paper section 4.4 / methods.md 4.4).
+"""FedClassAvg's heterogeneous backbones (Jang et al., ICPP 2022, section 4.4).
 
 ResNet-18, ShuffleNetV2 x1.0 and GoogLeNet come from torchvision without pre-training; the
 first convolution is rebuilt for the input's channel count (1 for (F)MNIST) and the final FC
@@ -6,7 +6,7 @@ is dropped, so backbone + optional projection is the extractor and our Linear is
 ``alexnet-small`` is the custom small AlexNet FedClassAvg uses for 28x28 / 32x32 inputs.
 
 The torchvision networks have fixed widths: ``width != 1`` raises ModelConfigError
-(they are also slow on CPU, methods.md 7.1 -- prefer the small ResNets there).
+(they are also slow on CPU -- prefer the small ResNets there).
 """
 
 from __future__ import annotations

@@ -173,7 +173,7 @@ class RunConfig:
     async_ttl: float = _opt(
         3600.0, "async, walk, gossip: seconds a message may wait for its reply before it "
         "counts as failed", low=0.0, low_open=True)
-    # -- device-to-device loops (walk, gossip): who may talk to whom (fedapp.topology)
+    # -- device-to-device loops (walk, gossip): who may talk to whom (fedapp.loops.topology)
     topology: str = _opt(
         "full", "graph of the clients: 'full', 'erdos-renyi' (edge probability topology-p, "
         "re-drawn until connected), 'ring' or 'regular' (random topology-degree-regular)",

@@ -1,7 +1,7 @@
 """The Flower ServerApp: validate the run config, prepare the results folder, build the method's
 Strategy, then run the loop the config names: synchronous rounds (Flower's own driver calling
-the Strategy, ``fedapp.strategy_base``), the asynchronous loop (``fedapp.async_loop``) or a
-device-to-device relay (``fedapp.relay_loop``)."""
+the Strategy, ``fedapp.runtime.strategy_base``), the asynchronous loop
+(``fedapp.loops.asynchronous``) or a device-to-device relay (``fedapp.loops.relay``)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from flwr.server import ServerAppComponents, ServerConfig
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid, ServerApp
 
-from fedapp import checkpoint, experiment
-from fedapp.async_loop import AsyncLoop
 from fedapp.config import ConfigError
-from fedapp.relay_loop import GossipLoop, WalkLoop
-from fedapp.results import Recorder
+from fedapp.data import setup
+from fedapp.loops.asynchronous import AsyncLoop
+from fedapp.loops.relay import GossipLoop, WalkLoop
+from fedapp.runtime import checkpoint
+from fedapp.runtime.results import Recorder
 from strategies import METHODS, load_config
 
 
@@ -29,10 +30,10 @@ def default_run_name(method: str, dataset: str) -> str:
 
 def server_fn(context: Context) -> ServerAppComponents:
     cfg = load_config(context.run_config)
-    data, partition = experiment.prepare(cfg)  # bad data or settings fail here, not later
+    data, partition = setup.prepare(cfg)  # bad data or settings fail here, not later
     run_dir = cfg.results_root() / (cfg.run_name or default_run_name(cfg.method, cfg.dataset))
     summary = partition.summary(data.train_y.numpy(), data.test_y.numpy(), data.num_classes)
-    summary["architectures"] = experiment.architectures(cfg)
+    summary["architectures"] = setup.architectures(cfg)
     for client, arch in zip(summary["clients"], summary["architectures"]):
         client["arch"] = arch
     done, method_state = 0, None

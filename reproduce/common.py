@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from fedapp.cli import toml_value
+from fedapp.cli.run import toml_value
 
 ROOT = Path(__file__).resolve().parent.parent
 FEDAPP = Path(sys.executable).parent / "fedapp"

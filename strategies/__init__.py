@@ -11,9 +11,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from fedapp.client_base import FedClient
 from fedapp.config import ConfigError, RunConfig, parse_run_config, parse_settings, settings_keys
-from fedapp.strategy_base import FedStrategy
+from fedapp.runtime.client_base import FedClient
+from fedapp.runtime.strategy_base import FedStrategy
 from strategies.compfl import CompFL, CompFLClient, CompFLSettings
 from strategies.fedavg import FedAvg, FedAvgClient
 from strategies.fedclassavg import FedClassAvg, FedClassAvgClient, FedClassAvgSettings
@@ -107,7 +107,7 @@ def load_config(flat: Mapping[str, Any]) -> RunConfig:
     resolve = getattr(cfg.settings, "resolve", None)
     if resolve is not None:
         cfg = resolve(cfg)  # a method that fixes a shared setting (FedClassAvg: d = 512)
-    from fedapp.experiment import architectures  # models import torch; keep this module light
+    from fedapp.data.setup import architectures  # models import torch; keep this module light
     try:
         archs = architectures(cfg)
     except ValueError as exc:  # ModelConfigError: unknown architecture or assignment

@@ -33,7 +33,8 @@ components off one by one (the paper's Table 3 ablation).
 The client's steps are plain functions of models, tensors and settings (:func:`local_round`),
 independent of how the extractors arrive, so a device-to-device relay can call them too.
 
-Where the paper is silent or ambiguous (methods.md 3.8), the defaults and switches are:
+Where the paper (Xu et al., FedKDD 2024) is silent or ambiguous (docs/compfl.md), the defaults
+and switches are:
 
 - learning rates: ``lr`` for the end-to-end training and ``compfl.head-lr`` = 0.1 for the head
   fine-tuning (FedPAC's values; the paper gives none);
@@ -66,15 +67,16 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord
 
 from client_models import HeteroModel
-from fedapp import experiment
-from fedapp.class_stats import ClassMeans, ClassSums, class_target_mse
-from fedapp.client_base import FedClient, load_arrays
 from fedapp.config import RunConfig, opt
-from fedapp.local_data import expected_input
-from fedapp.partitions import ClientData
-from fedapp.payload import ArraySpec, Payload, PayloadError, from_ndarrays, validate
-from fedapp.strategy_base import ClientInfo, Upload
-from fedapp.training import TrainStats, derive_seed, evaluate, make_optimizer, train_epochs
+from fedapp.data import setup
+from fedapp.data.local_data import expected_input
+from fedapp.data.partitions import ClientData
+from fedapp.runtime.class_stats import ClassMeans, ClassSums, class_target_mse
+from fedapp.runtime.client_base import FedClient, load_arrays
+from fedapp.runtime.payload import ArraySpec, Payload, PayloadError, from_ndarrays, validate
+from fedapp.runtime.strategy_base import ClientInfo, Upload
+from fedapp.runtime.training import TrainStats, evaluate, make_optimizer, train_epochs
+from fedapp.seeding import derive_seed
 from strategies.fedper import PerArchitectureExtractors, arrays_spec, extractor_arrays
 
 HEAD_STATE_KEY = "compfl.head.{arch}"  # a client's private head of a smaller expert
@@ -124,7 +126,7 @@ def expert_order(cfg: RunConfig, input_shape: tuple[int, int, int],
     """The run's architectures as CompFL's experts W_1 < ... < W_M: by parameter count (ties
     by name), computed identically by the server and every client."""
     def size(arch: str) -> int:
-        model = experiment.new_model(cfg, arch, input_shape, num_classes, "compfl-size")
+        model = setup.new_model(cfg, arch, input_shape, num_classes, "compfl-size")
         return sum(p.numel() for p in model.parameters())
     return tuple(sorted(set(cfg.architectures), key=lambda a: (size(a), a)))
 
@@ -395,7 +397,7 @@ class CompFLClient(FedClient):
     """Runs :func:`local_round` on its own expert (``self.model``) and private smaller experts
     whose heads live in ``context.state`` between rounds.
 
-    In the device-to-device loops (``fedapp.relay_loop``) a message is a *visit*: the config
+    In the device-to-device loops (``fedapp.loops.relay``) a message is a *visit*: the config
     names the expert that arrived (``visit`` = ``walk``: the walker; ``gossip``: the client's
     and its neighbours' models with their mixing weights, mixed here). The client trains that
     expert with the same :func:`local_round`, its other experts' extractors taken from the last
@@ -452,8 +454,8 @@ class CompFLClient(FedClient):
 
     def _smaller_expert(self, arch: str) -> HeteroModel:
         """A smaller expert with this client's private head for it (fresh at first use)."""
-        model = experiment.new_model(self.cfg, arch, *expected_input(self.cfg),
-                                     self.partition_id, "compfl-expert").to(self.device)
+        model = setup.new_model(self.cfg, arch, *expected_input(self.cfg),
+                                self.partition_id, "compfl-expert").to(self.device)
         key = HEAD_STATE_KEY.format(arch=arch)
         if key in self.context.state:
             model.head.load_state_dict(self.context.state[key].to_torch_state_dict())
@@ -522,7 +524,7 @@ class CompFL(PerArchitectureExtractors):
             return average  # = theta~ + sum_i alpha_i (w_i - theta~)
         return {k: (v + average[k]).astype(v.dtype) for k, v in self.extractors[arch].items()}
 
-    # -- device to device (fedapp.relay_loop): the server only says which experts exist, who
+    # -- device to device (fedapp.loops.relay): the server only says which experts exist, who
     #    can run them and where they start; it never averages
     def experts(self) -> tuple[str, ...]:
         return self.order

@@ -7,10 +7,10 @@ server replaces the global model by the n_k-weighted average. Clients are evalua
 test split with the global model installed, as FedAvg has no personal model.
 """
 
-from fedapp.aggregate import weighted_average
-from fedapp.client_base import FedClient, load_arrays, state_arrays
-from fedapp.payload import ArraySpec, Payload
-from fedapp.strategy_base import ClientInfo, FedStrategy, Upload
+from fedapp.runtime.aggregate import weighted_average
+from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
+from fedapp.runtime.payload import ArraySpec, Payload
+from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 
 
 class FedAvgClient(FedClient):

@@ -34,11 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedapp.augment import ViewAugment
-from fedapp.client_base import VERSION_KEY
 from fedapp.config import ConfigError, opt
-from fedapp.payload import Payload
-from fedapp.training import derive_seed, make_optimizer, train_epochs
+from fedapp.data.augment import ViewAugment
+from fedapp.runtime.client_base import VERSION_KEY
+from fedapp.runtime.payload import Payload
+from fedapp.runtime.training import make_optimizer, train_epochs
+from fedapp.seeding import derive_seed
 from strategies.lg_fedavg import LgFedAvg, LgFedAvgClient
 
 PROXIMAL_FORMS = ("l2", "squared", "code-mse")

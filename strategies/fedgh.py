@@ -27,12 +27,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedapp.class_stats import class_means
-from fedapp.client_base import FedClient, load_arrays
 from fedapp.config import ConfigError, RunConfig, opt
-from fedapp.payload import ArraySpec, Payload, PayloadError
-from fedapp.strategy_base import ClientInfo, FedStrategy, Upload
-from fedapp.training import derive_seed, evaluate
+from fedapp.runtime.class_stats import class_means
+from fedapp.runtime.client_base import FedClient, load_arrays
+from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
+from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
+from fedapp.runtime.training import evaluate
+from fedapp.seeding import derive_seed
 
 
 @dataclass(frozen=True)

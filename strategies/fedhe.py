@@ -27,11 +27,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedapp.class_stats import ClassSums, class_target_mse
-from fedapp.client_base import FedClient
 from fedapp.config import opt
-from fedapp.payload import ArraySpec, Payload, PayloadError
-from fedapp.strategy_base import ClientInfo, FedStrategy, Upload
+from fedapp.runtime.class_stats import ClassSums, class_target_mse
+from fedapp.runtime.client_base import FedClient
+from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
+from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 
 
 @dataclass(frozen=True)

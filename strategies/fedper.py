@@ -13,10 +13,10 @@ global extractor per architecture, initialised from the seed and averaged per ar
 
 from __future__ import annotations
 
-from fedapp.aggregate import average_per_group
-from fedapp.client_base import FedClient, load_arrays, state_arrays
-from fedapp.payload import ArraySpec, Payload
-from fedapp.strategy_base import ClientInfo, FedStrategy, Upload
+from fedapp.runtime.aggregate import average_per_group
+from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
+from fedapp.runtime.payload import ArraySpec, Payload
+from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 
 
 def extractor_arrays(model) -> Payload:

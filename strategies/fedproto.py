@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedapp.class_stats import class_means, class_target_mse
-from fedapp.client_base import FedClient
 from fedapp.config import opt
-from fedapp.payload import ArraySpec, Payload, PayloadError, validate
-from fedapp.strategy_base import ClientInfo, FedStrategy, Upload
+from fedapp.runtime.class_stats import class_means, class_target_mse
+from fedapp.runtime.client_base import FedClient
+from fedapp.runtime.payload import ArraySpec, Payload, PayloadError, validate
+from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 
 # Labels and counts in canonical ASCII decimal only: "03" or a non-ASCII digit would name the
 # same class twice under another spelling, and the length caps keep int() cheap and bounded.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from fedapp.config import opt
-from fedapp.training import TrainStats, make_optimizer, train_epochs
+from fedapp.runtime.training import TrainStats, make_optimizer, train_epochs
 from strategies.fedper import FedPer, FedPerClient
 
 

@@ -21,8 +21,8 @@ The server keeps a per-class history of the received (feature, logit) entries
 (:class:`ClassStore`: the last ``history-size`` entries of each class, the paper's "server
 dataset"; ``history = "latest-round"`` keeps only the entries of the latest round that brought
 the class), averages it per class into the tables ``s[c]``, ``p[c]`` and averages the models of
-each architecture group weighted by n_k (``fedapp.aggregate.average_per_group``). Every client
-downloads the tables of all classes and its own group's weights.
+each architecture group weighted by n_k (``fedapp.runtime.aggregate.average_per_group``).
+Every client downloads the tables of all classes and its own group's weights.
 
 Deliberate choices where paper and code differ or are silent (see docs/felo.md):
 
@@ -47,12 +47,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedapp.aggregate import average_per_group
-from fedapp.class_stats import ClassSums, class_target_mse
-from fedapp.client_base import FedClient, load_arrays, state_arrays
 from fedapp.config import ConfigError, RunConfig, opt
-from fedapp.payload import ArraySpec, Payload, PayloadError
-from fedapp.strategy_base import ClientInfo, FedStrategy, Upload
+from fedapp.runtime.aggregate import average_per_group
+from fedapp.runtime.class_stats import ClassSums, class_target_mse
+from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
+from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
+from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 from strategies.fedhe import logit_loss
 
 # The per-class tables, up and down. Every other array of a payload is a model weight, named

@@ -6,10 +6,10 @@ client per round d*C + C floats go each way (5010 for d=500, C=10 — FedGH Tabl
 39.14 KB both ways). Clients are evaluated with their own model after local training.
 """
 
-from fedapp.aggregate import weighted_average
-from fedapp.client_base import FedClient, load_arrays, state_arrays
-from fedapp.payload import ArraySpec, Payload
-from fedapp.strategy_base import ClientInfo, FedStrategy, Upload
+from fedapp.runtime.aggregate import weighted_average
+from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
+from fedapp.runtime.payload import ArraySpec, Payload
+from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 
 
 class LgFedAvgClient(FedClient):

@@ -4,8 +4,8 @@ The lower bound every paper reports ("Standalone" in FedGH, "Private" in FedHe, 
 training" in FedClassAvg): whatever a method gains over it is what collaboration buys.
 """
 
-from fedapp.client_base import FedClient
-from fedapp.strategy_base import FedStrategy
+from fedapp.runtime.client_base import FedClient
+from fedapp.runtime.strategy_base import FedStrategy
 
 
 class StandaloneClient(FedClient):

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedapp.config import opt
-from fedapp.training import derive_seed, isolated_rng
+from fedapp.seeding import derive_seed, isolated_rng
 from strategies.felo import Felo, FeloClient, FeloSettings
 
 

@@ -9,7 +9,7 @@ from flwr.common import (Code, EvaluateRes, FitRes, GetPropertiesRes, Status,
 from flwr.server import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from fedapp.payload import to_ndarrays
+from fedapp.runtime.payload import to_ndarrays
 from strategies import METHODS, load_config
 
 
@@ -101,7 +101,7 @@ class InProcessFederation:
         """One training round; ``tamper(pid, arrays)`` may replace what a client uploads.
         Returns {pid: (FitIns payload, uploaded payload)}."""
         from flwr.common import parameters_to_ndarrays
-        from fedapp.payload import decode
+        from fedapp.runtime.payload import decode
         seen, results = {}, []
         for proxy, ins in self.strategy.configure_fit(rnd, None, self.manager):
             pid = proxy.identity["partition-id"]
@@ -119,7 +119,7 @@ class InProcessFederation:
         """Round 1 with client ``pid``'s upload replaced by ``bad(upload)``: that upload is
         rejected with a logged ``reason`` and the round goes on with the others."""
         import logging
-        from fedapp.payload import from_ndarrays
+        from fedapp.runtime.payload import from_ndarrays
 
         def tamper(p, arrays):
             return to_ndarrays(bad(from_ndarrays(arrays))) if p == pid else arrays

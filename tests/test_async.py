@@ -18,10 +18,10 @@ from flwr.compat.common.recorddict_compat import recorddict_to_fitins, recorddic
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedapp import client_app
-from fedapp.async_loop import AsyncLoop
 from fedapp.config import ConfigError, pyproject_defaults
-from fedapp.results import Recorder
-from fedapp.speeds import speed_factors
+from fedapp.loops.asynchronous import AsyncLoop
+from fedapp.runtime.results import Recorder
+from fedapp.runtime.speeds import speed_factors
 from strategies import METHODS, load_config
 
 
@@ -186,7 +186,7 @@ def test_at_most_k_clients_train_at_once(tmp_path):
 def test_a_hostile_upload_is_rejected_and_the_loop_goes_on(tmp_path, caplog):
     import logging
 
-    from fedapp.payload import from_ndarrays, to_ndarrays
+    from fedapp.runtime.payload import from_ndarrays, to_ndarrays
     from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
     from flwr.compat.common.recorddict_compat import (fitres_to_recorddict,
                                                       recorddict_to_fitres)
@@ -229,7 +229,7 @@ def test_a_failing_client_is_retried_then_dropped(tmp_path, caplog):
 
 
 def test_too_few_nodes_fail_the_run_with_a_message(tmp_path):
-    from fedapp.strategy_base import RoundFailed
+    from fedapp.runtime.strategy_base import RoundFailed
     flat = run_config(wait_for_clients_seconds=1)
     cfg = load_config(flat)
     recorder = Recorder(tmp_path / "few", method="fedhe", dataset="synthetic", num_clients=4,
@@ -241,7 +241,7 @@ def test_too_few_nodes_fail_the_run_with_a_message(tmp_path):
 
 
 def test_every_client_dropped_fails_the_run(tmp_path):
-    from fedapp.strategy_base import RoundFailed
+    from fedapp.runtime.strategy_base import RoundFailed
 
     def crash(pid, update, message, reply):
         return Message(Error(code=2, reason="boom"), reply_to=message)
@@ -269,7 +269,7 @@ def test_methods_that_aggregate_whole_rounds_are_refused():
 
 
 def test_fedapp_methods_says_which_methods_run_without_a_barrier(capsys):
-    from fedapp.main import main
+    from fedapp.cli.main import main
     assert main(["methods"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in METHODS)

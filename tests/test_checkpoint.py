@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, RecordDict
 
-from fedapp import checkpoint
-from fedapp.results import Recorder
+from fedapp.runtime import checkpoint
+from fedapp.runtime.results import Recorder
 from strategies import METHODS
 from tests.conftest import InProcessFederation
 from tests.test_hostile_uploads import small_smoke_overrides
@@ -26,7 +26,7 @@ def _federation(method, run_dir, resume_after=0, **extra):
 
 def _state_sent(fed, rnd):
     """What the server sends for evaluation in round ``rnd`` (its global state, decoded)."""
-    from fedapp.payload import decode
+    from fedapp.runtime.payload import decode
     return [decode(ins.parameters)
             for _, ins in fed.strategy.configure_evaluate(rnd, None, fed.manager)]
 

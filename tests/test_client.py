@@ -5,9 +5,9 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-import fedapp.client_base as client_base
+import fedapp.runtime.client_base as client_base
 from fedapp.config import ConfigError
-from fedapp.payload import from_ndarrays, to_ndarrays
+from fedapp.runtime.payload import from_ndarrays, to_ndarrays
 from strategies import METHODS
 from tests.conftest import cfg_of
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedapp.class_stats import ClassSums
-from fedapp.results import Recorder
-from fedapp.training import derive_seed
+from fedapp.runtime.class_stats import ClassSums
+from fedapp.runtime.results import Recorder
+from fedapp.seeding import derive_seed
 from strategies.compfl import (HEAD_STATE_KEY, AdaptedExpert, CompFLSettings, alignment_loss,
                                compfl_loss, ensemble_target, expert_weights, kd_loss, pack,
                                prototype_head_init, select_expert, unpack)

@@ -84,9 +84,9 @@ def test_config_is_hashable_for_per_process_caches():
 
 
 def test_config_choices_match_what_the_data_layer_offers():
-    from fedapp.data import DATASETS
-    from fedapp.partitions import FILES_SCHEME, LOCAL_TEST_MODES, SCHEMES
-    from fedapp.user_data import FILE_DATASETS
+    from fedapp.data.datasets import DATASETS
+    from fedapp.data.files import FILE_DATASETS
+    from fedapp.data.partitions import FILES_SCHEME, LOCAL_TEST_MODES, SCHEMES
     assert SHARED_KEYS["dataset"].metadata["choices"] == DATASETS + FILE_DATASETS
     assert SHARED_KEYS["partition"].metadata["choices"] == SCHEMES + (FILES_SCHEME,)
     assert set(SHARED_KEYS["local-test"].metadata["choices"]) == set(LOCAL_TEST_MODES)
@@ -97,7 +97,7 @@ def test_config_choices_match_what_the_data_layer_offers():
     ({"synthetic-shape": "1,4,4"}, ["cnn3", "too small"]),
 ])
 def test_settings_that_only_fail_with_the_data_are_refused_before_training(overrides, words):
-    from fedapp.experiment import prepare
+    from fedapp.data.setup import prepare
     flat = {"dataset": "synthetic", "num-clients": 3, "arch-mix": "cnn3", **overrides}
     with pytest.raises(ConfigError) as err:
         prepare(load_config(flat))

@@ -1,4 +1,5 @@
-"""Tests for fedapp.data (fast: synthetic data, tiny fake IDX files, optional Debian FMNIST)."""
+"""Tests for fedapp.data.datasets (fast: synthetic data, tiny fake IDX files, optional Debian
+FMNIST)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedapp import data as data_mod
-from fedapp.data import (
+from fedapp.data import datasets as data_mod
+from fedapp.data.datasets import (
     DATASETS,
     FMNIST_DEBIAN_DIR,
     FMNIST_FILES,

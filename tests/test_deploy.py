@@ -15,12 +15,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from fedapp.cli import _free_port, _run_status, group_members, stop_process_group, wait_for_port
+from fedapp.cli.deploy import connected_env, make_certificates, make_node_key
+from fedapp.cli.flower import (_free_port, group_members, run_status, stop_process_group,
+                               wait_for_port)
+from fedapp.cli.main import main
 from fedapp.config import PROJECT_ROOT
-from fedapp.main import main
-from fedapp.deploy import connected_env, make_certificates, make_node_key
 
-FEDAPP = [sys.executable, "-m", "fedapp.main"]
+FEDAPP = [sys.executable, "-m", "fedapp.cli.main"]
 RUN_SETTINGS = ["--set", 'method="lg-fedavg"', "--set", "num-clients=2",
                 "--set", 'arch-mix="cnn5,cnn4"']
 
@@ -128,7 +129,7 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path, spawn):
         log = (out / name / "flwr.log").read_text()
         run_id = next(line.split()[-1] for line in log.splitlines()
                       if "Successfully started run" in line)
-        assert _run_status(env, run_id) == "finished:completed"
+        assert run_status(env, run_id) == "finished:completed"
         return proc.stdout, json.loads((out / name / "summary.json").read_text())
 
     stdout, summary = deployed_run("deployed")

@@ -4,7 +4,7 @@ nothing trained is checked for every method in test_checkpoint.py."""
 
 from __future__ import annotations
 
-from fedapp.results import Recorder
+from fedapp.runtime.results import Recorder
 from tests.conftest import InProcessFederation
 from tests.test_hostile_uploads import small_smoke_overrides
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from fedapp.client_base import InjectedFault
-from fedapp.results import Recorder
+from fedapp.runtime.client_base import InjectedFault
+from fedapp.runtime.results import Recorder
 from strategies import METHODS
 from tests.conftest import cfg_of, client_manager, eval_res, fit_res, make_strategy
 
@@ -44,7 +44,7 @@ def test_crashes_follow_the_seed_and_the_fraction():
 
 def test_stalled_clients_stall_for_the_set_time(monkeypatch):
     slept = []
-    monkeypatch.setattr("fedapp.client_base.time.sleep", slept.append)
+    monkeypatch.setattr("fedapp.runtime.client_base.time.sleep", slept.append)
     cfg = cfg_of(method="standalone", num_clients=2, fault_stall_fraction=1.0,
                  fault_stall_seconds=7.5)
     _crashes(cfg, 3, 2)

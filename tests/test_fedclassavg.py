@@ -9,11 +9,11 @@ import torch.nn.functional as F
 from flwr.app import Context, RecordDict
 
 import strategies.fedclassavg as fca
-from fedapp.augment import ViewAugment, color_jitter, resized_crop_flip
-from fedapp.cli import resolve_settings
+from fedapp.cli.run import resolve_settings
 from fedapp.config import ConfigError
-from fedapp.payload import decode, encode, float32, from_ndarrays, to_ndarrays, wire_size
-from fedapp.results import Recorder
+from fedapp.data.augment import ViewAugment, color_jitter, resized_crop_flip
+from fedapp.runtime.payload import decode, encode, float32, from_ndarrays, to_ndarrays, wire_size
+from fedapp.runtime.results import Recorder
 from strategies import METHODS, load_config
 from tests.conftest import cfg_of, client_manager, eval_res, fit_res, make_strategy
 

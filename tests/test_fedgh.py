@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from fedapp.config import ConfigError
 from flwr.common import parameters_to_ndarrays
 
-from fedapp.payload import from_ndarrays
-from fedapp.results import Recorder
+from fedapp.runtime.payload import from_ndarrays
+from fedapp.runtime.results import Recorder
 from strategies import load_config
 from strategies.fedgh import FedGHSettings, train_header
 from tests.conftest import InProcessFederation

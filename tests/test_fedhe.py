@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedapp.payload import decode
-from fedapp.results import Recorder
+from fedapp.runtime.payload import decode
+from fedapp.runtime.results import Recorder
 from strategies.fedhe import LogitStore, logit_loss
 from tests.conftest import InProcessFederation
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedapp.results import Recorder
+from fedapp.runtime.results import Recorder
 from tests.conftest import InProcessFederation, client_manager, fit_res, make_strategy
 
 FED = dict(dataset="synthetic", synthetic_train=240, synthetic_test=80, num_clients=4,

@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from fedapp.config import ConfigError
-from fedapp.payload import decode, encode, wire_size
-from fedapp.results import Recorder
-from fedapp.training import isolated_rng
+from fedapp.runtime.client_base import state_arrays
+from fedapp.runtime.payload import decode, encode, wire_size
+from fedapp.runtime.results import Recorder
+from fedapp.seeding import isolated_rng
 from strategies import load_config
-from fedapp.client_base import state_arrays
 from strategies.felo import FEATURES, LABELS, LOGITS, ClassStore, model_part
 from strategies.velo import CVAE, VeloSettings, generate, train_cvae
 from tests.conftest import InProcessFederation, make_strategy

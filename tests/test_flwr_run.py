@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fedapp.cli import LocalSuperLink, _run_status, group_members, toml_value
+from fedapp.cli.flower import LocalSuperLink, group_members, run_status
+from fedapp.cli.run import toml_value
 from fedapp.config import PROJECT_ROOT, read_preset
 
 BIN = Path(sys.executable).parent
@@ -139,7 +140,7 @@ def test_plain_flwr_run_of_asynchronous_fedhe_commits_as_the_in_process_referenc
             cwd=PROJECT_ROOT, env=link.env, capture_output=True, text=True, timeout=600)
         run_id = next(line.split()[-1] for line in proc.stdout.splitlines()
                       if "Successfully started run" in line)
-        assert _run_status(link.env, run_id) == "finished:completed", proc.stdout[-3000:]
+        assert run_status(link.env, run_id) == "finished:completed", proc.stdout[-3000:]
     finally:
         link.stop()
     assert link.process.poll() is not None  # nothing left running

@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 from flwr.common import Code, FitRes, Parameters, Status, ndarrays_to_parameters
 
-from fedapp.aggregate import weighted_average
 from fedapp.config import CONF_DIR, read_preset
-from fedapp.payload import PayloadError, decode, from_ndarrays, to_ndarrays, wire_size
-from fedapp.results import Recorder
-from fedapp.strategy_base import clean_eval_metrics
+from fedapp.runtime.aggregate import weighted_average
+from fedapp.runtime.payload import PayloadError, decode, from_ndarrays, to_ndarrays, wire_size
+from fedapp.runtime.results import Recorder
+from fedapp.runtime.strategy_base import clean_eval_metrics
 from strategies import METHODS
 from tests.conftest import InProcessFederation, client_manager, eval_res, make_strategy
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from fedapp.config import ConfigError
-from fedapp.data import NORMALISATION
-from fedapp.local_data import (DATASET_INPUTS, LocalDataError, export_shard, expected_input,
-                               load_local_data)
-from fedapp.partitions import load_client_data
-from fedapp import experiment
-from fedapp.training import pick_device
+from fedapp.data import setup
+from fedapp.data.datasets import NORMALISATION
+from fedapp.data.local_data import (DATASET_INPUTS, LocalDataError, export_shard, expected_input,
+                                    load_local_data)
+from fedapp.data.partitions import load_client_data
+from fedapp.runtime.training import pick_device
 from strategies import load_config
 
 SHAPE, CLASSES = (1, 8, 8), 4
@@ -91,7 +91,7 @@ def test_an_exported_shard_is_exactly_that_partition(tmp_path):
                        "num-clients": 2, "partition": "iid", "arch-mix": "cnn5,cnn4"})
     export_shard(cfg, 1, tmp_path)
     loaded = load_local_data(tmp_path, *expected_input(cfg), cfg.dataset)
-    direct = load_client_data(experiment.dataset(cfg), experiment.partition_spec(cfg), 1)
+    direct = load_client_data(setup.dataset(cfg), setup.partition_spec(cfg), 1)
     for name in ("train_x", "train_y", "test_x", "test_y"):
         assert torch.equal(getattr(loaded, name), getattr(direct, name)), name
     with pytest.raises(ConfigError, match="partition-id 2 is not in 0..1"):
@@ -101,10 +101,10 @@ def test_an_exported_shard_is_exactly_that_partition(tmp_path):
 def test_expected_input_matches_the_loaded_datasets():
     cfg = load_config({"dataset": "synthetic", "synthetic-shape": "3,16,16",
                        "synthetic-classes": 5})
-    data = experiment.dataset(cfg)
+    data = setup.dataset(cfg)
     assert expected_input(cfg) == (data.input_shape, data.num_classes) == ((3, 16, 16), 5)
     try:  # Debian's dataset-fashion-mnist, where installed
-        fmnist = experiment.dataset(load_config({"dataset": "fmnist"}))
+        fmnist = setup.dataset(load_config({"dataset": "fmnist"}))
     except Exception:
         pytest.skip("fmnist not installed")
     assert DATASET_INPUTS["fmnist"] == (fmnist.input_shape, fmnist.num_classes)

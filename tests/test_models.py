@@ -170,7 +170,8 @@ def test_fedgh_cnn_parameter_counts_match_table2(arch):
 
 
 def test_fedgh_cnn_flatten_follows_input_size():
-    # methods.md 1.4: 28x28 inputs give conv2_channels * 4 * 4 = 512 features into fc1.
+    # FedGH's CNNs (Yi et al., ACM MM 2023, Table 2): 28x28 inputs give
+    # conv2_channels * 4 * 4 = 512 features into fc1.
     model = build_model("cnn1", (1, 28, 28), NUM_CLASSES)
     fc1 = next(m for m in model.extractor.modules() if isinstance(m, nn.Linear))
     assert fc1.in_features == 32 * 4 * 4

@@ -1,4 +1,4 @@
-"""Tests for fedapp.partitions (fast: label arrays only, no images except tiny fakes)."""
+"""Tests for fedapp.data.partitions (fast: label arrays only, no images except tiny fakes)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedapp.data import TensorData
-from fedapp.partitions import (
+from fedapp.data.datasets import TensorData
+from fedapp.data.partitions import (
     SCHEMES,
     FixedSizePartitioner,
     PartitionError,

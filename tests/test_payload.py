@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from flwr.common import Parameters, ndarrays_to_parameters
 
-from fedapp.payload import (ArraySpec, PayloadError, decode, encode, from_ndarrays, to_ndarrays,
-                            validate, wire_size)
+from fedapp.runtime.payload import (ArraySpec, PayloadError, decode, encode, from_ndarrays,
+                                    to_ndarrays, validate, wire_size)
 
 
 def test_round_trip_keeps_names_and_values_in_the_wire_dtypes():

@@ -16,10 +16,10 @@ from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.compat.common.recorddict_compat import fitres_to_recorddict, recorddict_to_fitres
 
 from fedapp.config import ConfigError
-from fedapp.payload import from_ndarrays, to_ndarrays
-from fedapp.relay_loop import GossipLoop, WalkLoop
-from fedapp.strategy_base import Encoder
-from fedapp.topology import draw, metropolis_weights
+from fedapp.loops.relay import GossipLoop, WalkLoop
+from fedapp.loops.topology import draw, metropolis_weights
+from fedapp.runtime.payload import from_ndarrays, to_ndarrays
+from fedapp.runtime.strategy_base import Encoder
 from strategies import load_config
 from strategies.compfl import CompFL, gossip_mix
 from tests.test_async import run_async, run_config

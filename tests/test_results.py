@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from fedapp.main import main
-from fedapp.results import Recorder, round_record
+from fedapp.cli.main import main
+from fedapp.runtime.results import Recorder, round_record
 
 
 def _run(tmp_path, name, accs):

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from fedapp.payload import decode, wire_size
-from fedapp.results import Recorder
-from fedapp.strategy_base import RoundFailed
+from fedapp.runtime.payload import decode, wire_size
+from fedapp.runtime.results import Recorder
+from fedapp.runtime.strategy_base import RoundFailed
 from tests.conftest import client_manager, eval_res, fit_res, make_strategy
 
 HEAD = {"head.weight": (10, 500), "head.bias": (10,)}

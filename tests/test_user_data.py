@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedapp import experiment
+from fedapp.data import setup
 from fedapp.config import ConfigError
-from fedapp.data import DatasetError
-from fedapp.user_data import load_file_dataset
+from fedapp.data.datasets import DatasetError
+from fedapp.data.files import load_file_dataset
 from tests.conftest import InProcessFederation, cfg_of
 
 TINY = "tests.user_model:TinyNet"
@@ -39,7 +39,7 @@ def test_fedgh_runs_a_user_model_given_by_import_path():
 
 def test_a_user_model_keeps_its_own_head_when_d_matches():
     cfg = cfg_of(method="standalone", dataset="synthetic", arch_mix=TINY, feature_dim=0)
-    model = experiment.new_model(cfg, TINY, (1, 28, 28), 10)
+    model = setup.new_model(cfg, TINY, (1, 28, 28), 10)
     assert model.feature_dim == 24 and model.head.in_features == 24
     assert model.arch == TINY  # the import path keeps its case
 
@@ -53,7 +53,7 @@ def test_a_user_model_keeps_its_own_head_when_d_matches():
 ])
 def test_a_model_that_breaks_the_contract_is_refused_at_configuration(arch, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-        experiment.prepare(cfg_of(method="fedgh", dataset="synthetic", arch_mix=f"cnn5,{arch}"))
+        setup.prepare(cfg_of(method="fedgh", dataset="synthetic", arch_mix=f"cnn5,{arch}"))
 
 
 # -- data sets from files -------------------------------------------------------------------------
@@ -69,7 +69,7 @@ def test_npz_dataset_is_partitioned_like_any_other(tmp_path):
         np.savez(tmp_path / f"{split}.npz", *(), **dict(zip("xy", _arrays(rng, n))))
     cfg = cfg_of(dataset="npz", data_dir=str(tmp_path), num_clients=4, partition="iid",
                  arch_mix=TINY, max_samples_per_client=0)
-    data, split = experiment.prepare(cfg)
+    data, split = setup.prepare(cfg)
     assert data.input_shape == (1, 8, 8) and data.num_classes == 4
     # uint8 pixels normalised by the training split's own statistics
     assert abs(float(data.train_x.mean())) < 1e-4 and abs(float(data.train_x.std()) - 1) < 1e-2
@@ -106,13 +106,13 @@ def test_a_federation_of_per_client_files_is_its_own_partition(tmp_path, pickled
     _federation(tmp_path, np.random.default_rng(1), pickled=pickled)
     cfg = cfg_of(method="fedgh", dataset="federation", partition="files",
                  data_dir=str(tmp_path), num_clients=3, arch_mix="cnn5")
-    data, split = experiment.prepare(cfg)
+    data, split = setup.prepare(cfg)
     assert [len(c.train) for c in split.clients] == [30, 50, 20]
     assert [len(c.test) for c in split.clients] == [10, 20, 8]
     with np.load(tmp_path / "train" / "1.npz", allow_pickle=True) as f:
         x1 = f["data"].item()["x"] if pickled else f["x"]
-    shard = experiment.partition(cfg)
-    from fedapp.partitions import client_data
+    shard = setup.partition(cfg)
+    from fedapp.data.partitions import client_data
     np.testing.assert_array_equal(client_data(data, shard, 1).train_x.numpy(), x1)
     with pytest.raises(ConfigError, match="do not fit"):
         cfg_of(dataset="federation", data_dir=str(tmp_path), partition="dirichlet")

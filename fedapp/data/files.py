@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedapp.data import DatasetError, TensorData, make_tensor_data
+from fedapp.data.datasets import DatasetError, TensorData, make_tensor_data
 
 FILE_DATASETS = ("npz", "imagefolder", "federation")
 NPZ_LAYOUT = ("arrays x (N, C, H, W) or (N, H, W), float or uint8, and y (N,) integer labels")

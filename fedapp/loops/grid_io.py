@@ -1,5 +1,5 @@
 """Every call the app makes on Flower's ``Grid`` (the Message API), in one place, for the loops
-that are not synchronous rounds (``fedapp.async_loop``). The synchronous methods go through
+that are not synchronous rounds (``fedapp.loops.asynchronous``). The synchronous methods go through
 Flower's own Strategy driver and never come here.
 
 The loops talk to the same ``ClientApp`` as the rounds do: a legacy ``FitIns``/``EvaluateIns``

@@ -7,37 +7,38 @@ carried as a column so that each partition gives back indices into the train
 split).  flwr-datasets covers two of the schemes; the papers' pathological
 schemes are implemented here as ``Partitioner`` subclasses:
 
-================  ==========================================  ================================
+================  ==========================================  ======================================
 ``scheme``        partitioner                                 source
-================  ==========================================  ================================
+================  ==========================================  ======================================
 ``iid``           ``flwr_datasets`` ``IidPartitioner``        equal random split
 ``dirichlet``     ``flwr_datasets`` ``DirichletPartitioner``  NIID-Bench Dir(alpha) label skew
-                  (``self_balancing=True``)                   (FedClassAvg, methods.md 4.5)
-``pathological``  :class:`PathologicalSharesPartitioner`      pFedHN / FedGH (methods.md 1.5)
-``two-class``     :class:`TwoClassPartitioner`                FedClassAvg "skewed" (4.5)
-``fixed-size``    :class:`FixedSizePartitioner`               CompFL (3.6)
-================  ==========================================  ================================
+                  (``self_balancing=True``)                   (FedClassAvg: Jang et al., ICPP 2022)
+``pathological``  :class:`PathologicalSharesPartitioner`      pFedHN/FedGH (Yi et al., ACM MM 2023)
+``two-class``     :class:`TwoClassPartitioner`                FedClassAvg "skewed"
+``fixed-size``    :class:`FixedSizePartitioner`               CompFL (Xu et al., FedKDD 2024)
+================  ==========================================  ======================================
 
 After the train indices of each client are known, :func:`make_partition`
-applies, per client and in this order (methods.md section 6 item 4):
+applies, per client and in this order:
 
 1. ``max_samples_per_client`` cap: stratified subsample of the client's own
    samples (CPU budgets).  The cap bounds ALL the client's own samples (train +
    val, + test in ``split`` mode), so with ``val_fraction=0`` and
    ``local_test="global"`` the train size equals the cap.
 2. ``local_test="split"``: a stratified test hold-out of ``test_fraction`` of
-   the client's samples (pFedHN/FedGH 8:1:1 style, methods.md 1.9 item 3).
+   the client's samples (pFedHN/FedGH 8:1:1 style: Shamsian et al., ICML 2021;
+   Yi et al., ACM MM 2023).
    Every held-out class keeps at least one train sample, so test classes are a
    subset of train classes.
 3. ``val_fraction``: a stratified validation hold-out, same rule.
 4. ``local_test="global"``: a test set drawn ONCE, without replacement, from the
    global test split with the client's train label proportions, of size
-   ``round(test_fraction * train size)`` (FedClassAvg evaluation, methods.md
-   4.6, with resolution 4.8 item 6: fixed instead of re-sampled every round).
+   ``round(test_fraction * train size)`` (FedClassAvg's evaluation, Jang et al.,
+   ICPP 2022, but fixed instead of re-sampled every round).
    If the test split lacks enough samples of a class, the whole local test set
    is shrunk so that the proportions are kept.
 5. ``label_permutation``: a random permutation of label ids per client
-   (CompFL "independent labels", methods.md 3.6); stored, and applied by
+   (CompFL "independent labels", Xu et al., FedKDD 2024); stored, and applied by
    :func:`client_data` to train, val and test labels alike.
 
 With ``two_class_with_replacement=True`` a client's own indices may repeat
@@ -68,7 +69,7 @@ from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Part
 if TYPE_CHECKING:  # imported lazily at run time: `datasets` costs ~1-2 s to import
     import datasets
 
-    from fedapp.data import TensorData
+    from fedapp.data.datasets import TensorData
 
 __all__ = [
     "LOCAL_TEST_MODES",
@@ -322,10 +323,10 @@ def _balanced_class_assignment(
 ) -> list[np.ndarray]:
     """Give each client ``k`` distinct classes so that every class has ``k*K/C`` holders.
 
-    pFedHN/FedGH recipe (methods.md 1.5): each class is given to ``k*K/C``
-    clients.  When ``k*K/C`` is not an integer, ``(k*K) mod C`` randomly chosen
-    classes get one holder more than the others (floor/ceil), i.e. the holders
-    are spread as evenly as possible.
+    pFedHN/FedGH recipe (Shamsian et al., ICML 2021; Yi et al., ACM MM 2023):
+    each class is given to ``k*K/C`` clients.  When ``k*K/C`` is not an integer,
+    ``(k*K) mod C`` randomly chosen classes get one holder more than the others
+    (floor/ceil), i.e. the holders are spread as evenly as possible.
 
     Realisation: visit the clients in random order and give each the ``k``
     classes with the most remaining holder slots (random tie-break).  This
@@ -409,7 +410,7 @@ class _LabelSkewPartitioner(Partitioner):
 class PathologicalSharesPartitioner(_LabelSkewPartitioner):
     """pFedHN / FedGH pathological split: ``k`` classes per client with random shares.
 
-    FedGH official code (pFedHN recipe, methods.md 1.5): each class is given to
+    FedGH official code (pFedHN recipe; Yi et al., ACM MM 2023): each class is given to
     ``k*K/C`` clients (balanced), and each (client, class) pair gets a share
     drawn from U(0.4, 0.6), normalised over the clients holding that class;
     the class's samples are cut in those proportions.  All samples are used.
@@ -465,8 +466,8 @@ class PathologicalSharesPartitioner(_LabelSkewPartitioner):
 class TwoClassPartitioner(_LabelSkewPartitioner):
     """FedClassAvg "skewed" split: ``k`` (default 2) classes per client, ``n/(kK)`` samples each.
 
-    Official code (``utils.partition_data``, ``noniid-twoclass``, methods.md
-    4.5): every client independently draws 2 distinct random labels and
+    FedClassAvg's official code (``utils.partition_data``, ``noniid-twoclass``;
+    Jang et al., ICPP 2022): every client independently draws 2 distinct random labels and
     samples ``n/(2K)`` indices of each label WITH replacement, so clients (and
     even one client's own indices) may overlap.  ``with_replacement=True``
     reproduces exactly that.
@@ -536,8 +537,8 @@ class TwoClassPartitioner(_LabelSkewPartitioner):
 class FixedSizePartitioner(_LabelSkewPartitioner):
     """CompFL split: each client gets exactly ``s`` samples over ``k`` classes, balanced, disjoint.
 
-    CompFL (methods.md 3.6): "each client gets N classes, balanced samples per
-    class, 500 samples per client".  Each client gets ``s // k`` samples of each
+    CompFL (Xu et al., FedKDD 2024): each client gets N classes, balanced samples
+    per class, 500 samples per client.  Each client gets ``s // k`` samples of each
     of its classes, and ``s mod k`` of its classes (chosen at random) one more.
     Classes are spread evenly over clients (``k*K/C`` holders each, floor/ceil;
     see :func:`_balanced_class_assignment`) so that no class runs out early.
@@ -693,7 +694,8 @@ def _build_partitioner(spec: PartitionSpec, restart: int = 0) -> Partitioner:
         return IidPartitioner(num_partitions=spec.num_clients)
     if spec.scheme == "dirichlet":
         # self_balancing=True = NIID-Bench's cap "stop giving samples to a client
-        # that already holds n/K", which FedClassAvg's code uses (methods.md 4.5, 6.4).
+        # that already holds n/K", which FedClassAvg's code uses (NIID-Bench: Li et al., ICDE 2022;
+        # FedClassAvg: Jang et al., ICPP 2022).
         return DirichletPartitioner(
             num_partitions=spec.num_clients,
             partition_by=_LABEL_COLUMN,
@@ -852,7 +854,7 @@ def make_partition(
 # --------------------------------------------------------------------------- #
 def files_partition(data: "TensorData", spec: PartitionSpec) -> Partition:
     """``scheme = "files"``: the partition a federation's per-client files give
-    (``fedapp.user_data``): client k trains on its training file and is tested on its test
+    (``fedapp.data.files``): client k trains on its training file and is tested on its test
     file; none of the other partition settings applies."""
     if data.clients is None:
         raise _bad("scheme", FILES_SCHEME, "a federation given as per-client files (dataset = "

@@ -28,10 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedapp import experiment
 from fedapp.config import ConfigError, RunConfig
-from fedapp.data import NORMALISATION
-from fedapp.partitions import ClientData, load_client_data
+from fedapp.data import setup
+from fedapp.data.datasets import NORMALISATION
+from fedapp.data.partitions import ClientData, load_client_data
 
 LAYOUT = ("train.npz and test.npz (val.npz optional), each with arrays x (N, C, H, W; float32 "
           "or uint8) and y (N,; integer labels)")
@@ -56,7 +56,7 @@ def expected_input(cfg: RunConfig) -> tuple[tuple[int, int, int], int]:
     if cfg.dataset == "synthetic":
         return cfg.shape, cfg.synthetic_classes
     if cfg.dataset not in DATASET_INPUTS:  # a user's own files: known once they are read
-        data = experiment.dataset(cfg)
+        data = setup.dataset(cfg)
         return data.input_shape, data.num_classes
     return DATASET_INPUTS[cfg.dataset]
 
@@ -127,7 +127,7 @@ def export_shard(cfg: RunConfig, partition_id: int, out_dir: str | Path) -> Path
     if not 0 <= partition_id < cfg.num_clients:
         raise ConfigError(f"partition-id {partition_id} is not in 0..{cfg.num_clients - 1} "
                           f"(num-clients={cfg.num_clients})")
-    shard = load_client_data(experiment.dataset(cfg), experiment.partition_spec(cfg),
+    shard = load_client_data(setup.dataset(cfg), setup.partition_spec(cfg),
                              partition_id)
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ from typing import Iterable
 import numpy as np
 
 from fedapp.config import ConfigError, RunConfig
-from fedapp.training import derive_seed
+from fedapp.seeding import derive_seed
 
 MAX_DRAWS = 1000
 

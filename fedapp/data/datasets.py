@@ -1,13 +1,13 @@
 """Datasets as in-memory tensors, loaded once per process.
 
 Why tensors and not ``torch.utils.data.Dataset`` objects with PIL transforms?
-The methods in this project (methods.md section 7) run many small clients on a
+The methods in this project run many small clients on a
 2-core CPU.  Decoding 28x28 images through PIL on every epoch would cost more
 than the tiny CNNs themselves, so every dataset is converted ONCE into a
 normalised ``float32 [N, C, H, W]`` tensor plus an ``int64 [N]`` label tensor
-(methods.md section 6 item 12: "read the Debian IDX files directly (gzip +
-numpy), normalise ..., cache as tensors").  Clients then index these tensors
-with the partition indices from :mod:`fedapp.partitions`.
+(the Debian IDX files are read directly with gzip + numpy, normalised and
+cached as tensors).  Clients then index these tensors
+with the partition indices from :mod:`fedapp.data.partitions`.
 
 Sources
 -------
@@ -86,7 +86,7 @@ class TensorData:
     test_y: torch.Tensor
     num_classes: int
     input_shape: tuple[int, int, int]
-    # A federation given as per-client files (``fedapp.user_data``): client k's indices into
+    # A federation given as per-client files (``fedapp.data.files``): client k's indices into
     # the training and the test split; None for a data set the run partitions itself.
     clients: tuple[tuple[np.ndarray, np.ndarray], ...] | None = None
 
@@ -116,7 +116,7 @@ FMNIST_FILES: dict[tuple[str, str], str] = {
 }
 
 # Per-channel (mean, std) of the TRAIN split after scaling pixels to [0, 1].
-# FMNIST 0.2860/0.3530 as in methods.md section 6 item 12; the others are the
+# FMNIST 0.2860/0.3530 and the others are the
 # usual published values for these datasets.
 NORMALISATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "fmnist": ((0.2860,), (0.3530,)),
@@ -415,7 +415,8 @@ def _load_torchvision(name: str, data_dir: str, download: bool) -> TensorData:
             # so letters appear mirrored and rotated; swap H and W to fix it.
             images = torch.as_tensor(images).transpose(1, 2)
             # split="letters" labels are 1..26 (0 = unused "N/A" class);
-            # shift to 0..25 (FedClassAvg code uses 27 outputs instead, methods.md 4.5).
+            # shift to 0..25 (FedClassAvg's official code uses 27 outputs instead;
+            # Jang et al., ICPP 2022).
             labels_offset = 1
         tensors[split] = (
             _to_normalised_tensor(images, name),

@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from fedapp.cli import (BIN, _run_status, flower_env, report_run, resolve_run,
-                        resolve_settings, stream_run, write_run_config)
+from fedapp.cli.flower import BIN, flower_env, run_status, stream_run
+from fedapp.cli.run import report_run, resolve_run, resolve_settings, write_run_config
 from fedapp.config import PROJECT_ROOT, ConfigError
 
 DEFAULT_DIR = Path("deployment")
@@ -269,7 +269,7 @@ def cmd_run(args: argparse.Namespace) -> int:
            "--run-config", str(overrides)]
     try:
         run_id = stream_run(cmd, env, run_dir / "flwr.log", args.verbose)
-        status = _run_status(env, run_id) if run_id else "unknown (no run id)"
+        status = run_status(env, run_id) if run_id else "unknown (no run id)"
     except KeyboardInterrupt:
         # Only our view of it stops; the run goes on on the SuperLink (`flwr stop` ends it).
         status = "interrupted"
@@ -277,7 +277,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_export_shard(args: argparse.Namespace) -> int:
-    from fedapp.local_data import export_shard
+    from fedapp.data.local_data import export_shard
     from strategies import load_config
     try:
         cfg = load_config(resolve_settings(args.preset, args.set)[0])

@@ -16,7 +16,7 @@ import functools
 import numpy as np
 
 from fedapp.config import RunConfig
-from fedapp.training import derive_seed
+from fedapp.seeding import derive_seed
 
 
 @functools.lru_cache(maxsize=16)

@@ -8,7 +8,7 @@ logged reason and the round goes on), tolerance of failed clients (who failed is
 byte accounting of what really crosses the wire, evaluation on the rounds and clients the
 run asks for (``eval-every``, ``fraction-evaluate``, ``eval-clients``), the results folder,
 and checkpoints (a method's state is whatever it adds to the base). The asynchronous loop
-(``fedapp.async_loop``) reaches the same validation and the method's maths through
+(``fedapp.loops.asynchronous``) reaches the same validation and the method's maths through
 :meth:`FedStrategy.accept_upload`, :meth:`FedStrategy.accept_evaluation` and
 :meth:`FedStrategy.aggregate`.
 
@@ -37,13 +37,14 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from client_models import HeteroModel
-from fedapp import checkpoint, experiment
 from fedapp.config import RunConfig
-from fedapp.payload import (ArraySpec, Payload, PayloadError, WireSize, decode, encode,
-                            float32, validate, wire_size)
-from fedapp.results import Recorder, format_accuracy, round_record
-from fedapp.speeds import update_duration
-from fedapp.training import derive_seed
+from fedapp.data import setup
+from fedapp.runtime import checkpoint
+from fedapp.runtime.payload import (ArraySpec, Payload, PayloadError, WireSize, decode, encode,
+                                    float32, validate, wire_size)
+from fedapp.runtime.results import Recorder, format_accuracy, round_record
+from fedapp.runtime.speeds import update_duration
+from fedapp.seeding import derive_seed
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class FedStrategy(Strategy):
                  input_shape: tuple[int, int, int], num_classes: int) -> None:
         self.cfg = cfg
         self.recorder = recorder
-        self.architectures = experiment.architectures(cfg)  # by partition id, as clients do
+        self.architectures = setup.architectures(cfg)  # by partition id, as clients do
         self.input_shape = input_shape
         self.num_classes = num_classes
         self.clients: dict[str, ClientInfo] = {}  # Flower cid -> identity, learnt from replies
@@ -197,13 +198,13 @@ class FedStrategy(Strategy):
     # -- helpers for methods -------------------------------------------------------------------
     def new_model(self, arch: str) -> HeteroModel:
         """A model of ``arch`` initialised from the seed (for server-side initial weights)."""
-        return experiment.new_model(self.cfg, arch, self.input_shape, self.num_classes, "server")
+        return setup.new_model(self.cfg, arch, self.input_shape, self.num_classes, "server")
 
     @functools.cached_property
     def train_sizes(self) -> list[int]:
         """Every partition's training-set size, as the server computes it from the run config
         (the same partition the clients compute; cached per process)."""
-        partition = experiment.partition(self.cfg)
+        partition = setup.partition(self.cfg)
         return [len(client.train) for client in partition.clients]
 
     def examples_bound(self, client: ClientInfo) -> int:
@@ -468,8 +469,8 @@ class FedStrategy(Strategy):
                "rejected_clients": sorted(self._rejected), "evaluated": self._evaluated,
                "train_loss": self._train_loss,
                **({"train_terms": self._train_terms} if self._train_terms else {}),
-               # What the round would take if clients were as fast as fedapp.speeds says: the
-               # barrier waits for the slowest client sampled.
+               # What the round would take if clients were as fast as fedapp.runtime.speeds
+               # says: the barrier waits for the slowest client sampled.
                "virtual_seconds": max((update_duration(self.cfg, pid, server_round)
                                        for pid in self._sampled.values()), default=0.0)}
         record = round_record(server_round, evals, traffic, {**self._counts, **who},

@@ -161,7 +161,7 @@ class Recorder:
                 # Who: {partition id: rounds in which it failed / had its upload refused}.
                 "failed_clients": _tally(h.get("failed_clients", []) for h in self.history),
                 "rejected_clients": _tally(h.get("rejected_clients", []) for h in self.history),
-                # What the run takes if clients are as fast as fedapp.speeds says.
+                # What the run takes if clients are as fast as fedapp.runtime.speeds says.
                 "virtual_seconds": float(sum(h.get("virtual_seconds", 0.0)
                                              for h in self.history)),
                 "wall_seconds": time.time() - self.started, "history": self.history}

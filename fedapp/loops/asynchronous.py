@@ -17,15 +17,15 @@ current knowledge, train, upload; the server folds each upload in the moment it 
   method is written twice.
 
 Two clocks (``clock``): *virtual* commits uploads in the order of their virtual finish times
-(``fedapp.speeds``), buffering replies that arrive early, so one seed gives one commit order and
-bit-identical results; *arrival* commits them as they come, as a deployment does.
+(``fedapp.runtime.speeds``), buffering replies that arrive early, so one seed gives one commit
+order and bit-identical results; *arrival* commits them as they come, as a deployment does.
 
 What is recorded: ``updates.jsonl`` (per update: client, its update number, virtual and wall
 times, staleness = commits between its download and its upload, bytes both ways, status),
 ``rounds.jsonl`` (per evaluation: the usual accuracy block, the window's traffic and counts),
 ``summary.json`` (plus ``updates`` and ``staleness``) and ``timeline.png``.
 
-The device-to-device loops (``fedapp.relay_loop``) are subclasses: they keep all of this and
+The device-to-device loops (``fedapp.loops.relay``) are subclasses: they keep all of this and
 change only who gets work next (``_plan``) and what a commit does (``_fold``, ``_lost``,
 ``_retry``).
 """
@@ -45,12 +45,12 @@ from flwr.common.logger import log
 from flwr.server.client_proxy import ClientProxy
 from flwr.serverapp import Grid
 
-from fedapp import grid_io
 from fedapp.config import RunConfig
-from fedapp.payload import PayloadError, WireSize, wire_size
-from fedapp.results import Recorder, format_accuracy, plot_timeline, round_record
-from fedapp.speeds import update_duration
-from fedapp.strategy_base import Encoder, FedStrategy, RoundFailed, Upload, finite_number
+from fedapp.loops import grid_io
+from fedapp.runtime.payload import PayloadError, WireSize, wire_size
+from fedapp.runtime.results import Recorder, format_accuracy, plot_timeline, round_record
+from fedapp.runtime.speeds import update_duration
+from fedapp.runtime.strategy_base import Encoder, FedStrategy, RoundFailed, Upload, finite_number
 
 
 LOOP_NAMES = {"async": "asynchronous", "walk": "walk (D/D)", "gossip": "gossip (M/M)"}
@@ -184,7 +184,7 @@ class AsyncLoop:
     # -- one update ------------------------------------------------------------------------------
     def _plan(self) -> None:
         """Give work to idle clients (up to the concurrency and the budget), with the server's
-        knowledge as of now. (The device-to-device loops, ``fedapp.relay_loop``, plan
+        knowledge as of now. (The device-to-device loops, ``fedapp.loops.relay``, plan
         otherwise.)"""
         while (self.idle and len(self.training) < self._concurrency()
                and self.committed + len(self.training) < self.budget):
@@ -297,7 +297,7 @@ class AsyncLoop:
             self._call_evaluation()
 
     # What a commit means: the asynchronous loop folds the upload into the method's server
-    # state; the device-to-device loops (``fedapp.relay_loop``) pass the model on instead.
+    # state; the device-to-device loops (``fedapp.loops.relay``) pass the model on instead.
     def _fold(self, work: Work, upload: Upload, res: FitRes) -> None:
         """An accepted upload: the method's own server maths, with one upload."""
         self.strategy.aggregate(self.committed, [upload])

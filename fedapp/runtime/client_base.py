@@ -21,14 +21,15 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.client import NumPyClient
 
-from fedapp import checkpoint, experiment
 from fedapp.config import ConfigError, RunConfig
-from fedapp.local_data import expected_input, load_local_data
-from fedapp.partitions import ClientData, load_client_data
-from fedapp.payload import Payload, from_ndarrays, to_ndarrays
-from fedapp.speeds import has_stragglers, update_duration
-from fedapp.training import (TrainStats, derive_seed, evaluate, isolated_rng, make_optimizer,
-                             pick_device, train_epochs)
+from fedapp.data import setup
+from fedapp.data.local_data import expected_input, load_local_data
+from fedapp.data.partitions import ClientData, load_client_data
+from fedapp.runtime import checkpoint
+from fedapp.runtime.payload import Payload, from_ndarrays, to_ndarrays
+from fedapp.runtime.speeds import has_stragglers, update_duration
+from fedapp.runtime.training import TrainStats, evaluate, make_optimizer, pick_device, train_epochs
+from fedapp.seeding import derive_seed, isolated_rng
 
 MODEL_STATE_KEY = "fedapp.model"
 VERSION_KEY = "fedapp.model-version"
@@ -79,14 +80,14 @@ def _device_data(cfg: RunConfig, partition_id: int, device: str,
     """This client's shard (and the global test subset) on ``device``, once per process.
 
     The shard is partition ``partition_id`` of the run's dataset, or, when the node config
-    names a ``data-dir``, the node's own data (``fedapp.local_data``): then the shared dataset
+    names a ``data-dir``, the node's own data (``fedapp.data.local_data``): then the shared dataset
     is loaded only for ``eval-global-test``."""
     if data_dir:
         shard = load_local_data(data_dir, *expected_input(cfg), cfg.dataset)
-        data = experiment.dataset(cfg) if cfg.eval_global_test else None
+        data = setup.dataset(cfg) if cfg.eval_global_test else None
     else:
-        data = experiment.dataset(cfg)
-        shard = load_client_data(data, experiment.partition_spec(cfg), partition_id)
+        data = setup.dataset(cfg)
+        shard = load_client_data(data, setup.partition_spec(cfg), partition_id)
     shard = ClientData(*(t.to(device) for t in (shard.train_x, shard.train_y, shard.val_x,
                                                 shard.val_y, shard.test_x, shard.test_y)))
     global_test = None
@@ -125,7 +126,7 @@ class FedClient(NumPyClient):
         # per run), else the run folder the server names in its messages (simulation).
         self.state_dir = (str(Path(str(node["state-dir"])) / cfg.run_name)
                           if node.get("state-dir") else "")
-        self.arch = experiment.architectures(cfg)[self.partition_id]
+        self.arch = setup.architectures(cfg)[self.partition_id]
 
     # Data and model are loaded on first use, so that answering the server's "who are you?"
     # (get_properties) costs nothing.
@@ -157,8 +158,8 @@ class FedClient(NumPyClient):
         if model is None or (cached_version != version and MODEL_STATE_KEY not in state):
             # From the run config alone: a node with its own data-dir need not hold the
             # shared dataset to build its model.
-            model = experiment.new_model(self.cfg, self.arch, *expected_input(self.cfg),
-                                         self.partition_id).to(self.device)
+            model = setup.new_model(self.cfg, self.arch, *expected_input(self.cfg),
+                                    self.partition_id).to(self.device)
             cached_version = 0
         if cached_version != version:
             model.load_state_dict(state[MODEL_STATE_KEY].to_torch_state_dict())
@@ -306,7 +307,8 @@ class FedClient(NumPyClient):
             seconds = time.perf_counter() - start
             upload = self.upload()
         if self.cfg.clock == "arrival" and has_stragglers(self.cfg):
-            # A slower device: the same work, taking (duration - 1) x longer (fedapp.speeds).
+            # A slower device: the same work, taking (duration - 1) x longer
+            # (fedapp.runtime.speeds).
             time.sleep(max(0.0, update_duration(self.cfg, self.partition_id, server_round) - 1)
                        * seconds)
         self.save_state(server_round)

@@ -3,7 +3,7 @@
 Flower has nothing peer-to-peer: SuperNodes talk only to the SuperLink. In these loops the
 ServerApp is a relay and a scheduler and nothing else: it never averages, never trains and
 never changes a model. What a client replies goes, byte for byte, to the next client(s) that
-the topology (``fedapp.topology``) and the seed choose; all the maths runs on the clients.
+the topology (``fedapp.loops.topology``) and the seed choose; all the maths runs on the clients.
 CompFL's Appendix E (Hong et al.) gives the two modes:
 
 - **walk** (D/D, device by device): one walker per expert architecture, all walking at once.
@@ -20,8 +20,8 @@ CompFL's Appendix E (Hong et al.) gives the two modes:
   its neighbours' models of round r - 1 (neighbours within the phase's clients) with their
   Metropolis weights, mixes them, trains, and replies with its model.
 
-Everything else is the asynchronous loop's (``fedapp.async_loop``): one message in flight per
-node, the virtual or arrival clock, retries and drops, evaluation of every client every
+Everything else is the asynchronous loop's (``fedapp.loops.asynchronous``): one message in
+flight per node, the virtual or arrival clock, retries and drops, evaluation of every client every
 ``async-eval-every`` updates, ``updates.jsonl``, the timeline. Every reply still goes through
 the strategy's one validation path (``FedStrategy.accept_upload``) before it travels on: the
 relay reads what it forwards, it does not change it. A rejected reply is not passed on; the
@@ -44,11 +44,11 @@ import numpy as np
 from flwr.common import FitIns, FitRes, Parameters
 from flwr.common.logger import log
 
-from fedapp.async_loop import AsyncLoop, Work
-from fedapp.payload import wire_size
-from fedapp.strategy_base import Encoder, RoundFailed, Upload
-from fedapp.topology import Topology, draw, metropolis_weights
-from fedapp.training import derive_seed
+from fedapp.loops.asynchronous import AsyncLoop, Work
+from fedapp.loops.topology import Topology, draw, metropolis_weights
+from fedapp.runtime.payload import wire_size
+from fedapp.runtime.strategy_base import Encoder, RoundFailed, Upload
+from fedapp.seeding import derive_seed
 
 MAX_FORWARDS = 100_000  # hops of one walker without finding a holder that trains it
 

@@ -6,7 +6,7 @@ from typing import Hashable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
-from fedapp.payload import Payload
+from fedapp.runtime.payload import Payload
 
 Group = TypeVar("Group", bound=Hashable)
 

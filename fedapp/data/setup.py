@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from client_models import HeteroModel, assign_architectures, build_model
 from fedapp.config import RunConfig
-from fedapp.data import TensorData, load_dataset
-from fedapp.partitions import Partition, PartitionError, PartitionSpec, get_partition
-from fedapp.training import derive_seed, isolated_rng
-from fedapp.user_data import FILE_DATASETS, load_file_dataset
+from fedapp.data.datasets import TensorData, load_dataset
+from fedapp.data.files import FILE_DATASETS, load_file_dataset
+from fedapp.data.partitions import Partition, PartitionError, PartitionSpec, get_partition
+from fedapp.seeding import derive_seed, isolated_rng
 
 
 def dataset(cfg: RunConfig) -> TensorData:
     """The run's dataset, loaded once per process (both loaders cache)."""
-    if cfg.dataset in FILE_DATASETS:  # a user's own files (fedapp.user_data)
+    if cfg.dataset in FILE_DATASETS:  # a user's own files (fedapp.data.files)
         return load_file_dataset(cfg.dataset, cfg.data_dir, cfg.image_size)
     return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, seed=cfg.seed,
                         synthetic_shape=cfg.shape, synthetic_classes=cfg.synthetic_classes,

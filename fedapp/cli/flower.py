@@ -1,0 +1,161 @@
+"""Flower process control: the processes ``fedapp run`` and ``fedapp deploy`` start and stop.
+
+The environment every Flower process of ours gets (``flower_env``), free loopback ports, waiting
+for a process to listen, a simulation SuperLink owned by this process (``LocalSuperLink``),
+stopping a process and everything it spawned (its process group), streaming ``flwr run``'s
+output and reading a run's final status from the SuperLink (``flwr run`` itself exits 0 even when
+the run failed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from fedapp.runtime.results import PROGRESS_TAG
+
+BIN = Path(sys.executable).parent
+SUPERLINK_START_TIMEOUT = 60.0
+# What is worth showing from Flower's stream besides our own progress lines.
+SHOW = re.compile(r"\[fedapp\]|ERROR|Traceback|Exception|rejected|failed")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def flower_env(flwr_home: Path, **extra: str) -> dict[str, str]:
+    """The environment every Flower process of ours gets: a private ``FLWR_HOME``, no runtime
+    dependency installation (it would download ~5.5 GB per run), no update check or
+    telemetry, and this venv's ``bin`` first on PATH (Flower spawns ``flower-superexec`` by
+    name)."""
+    return {**os.environ,
+            "FLWR_HOME": str(flwr_home),
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            **extra}
+
+
+def wait_for_port(process: subprocess.Popen, port: int, what: str, log_path: Path,
+                  timeout: float = SUPERLINK_START_TIMEOUT, host: str = "127.0.0.1") -> None:
+    """Return once ``process`` accepts connections on ``port``; raise if it exits or hangs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {process.returncode}; see {log_path}")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"{what} did not start within {timeout:.0f} s; see {log_path}")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes (zombies excluded) in process group ``pgid``, read from /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # Fields after the command name "(...)": state, ppid, pgrp, ...
+            state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue  # exited meanwhile
+        if int(pgrp) == pgid and state != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def stop_process_group(process: subprocess.Popen | None) -> None:
+    """Stop ``process`` and everything it spawned: it must have been started with
+    ``start_new_session=True``, so that its process group is exactly ours to kill. Waits for
+    the whole group, not only the leader: Flower's children may outlive it by a moment."""
+    if process is None:
+        return
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            process.poll()  # reap the leader, else it stays a member as a zombie
+            if process.returncode is not None and not group_members(process.pid):
+                return
+            time.sleep(0.1)
+    process.poll()
+
+
+class LocalSuperLink:
+    """A simulation SuperLink on free loopback ports, owned (and stopped) by this process."""
+
+    def __init__(self, flwr_home: Path, log_path: Path) -> None:
+        self.http_port, self.control_port = _free_port(), _free_port()
+        self.env = flower_env(flwr_home,
+                              FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(self.http_port),
+                              FLWR_LOCAL_CONTROL_API_PORT=str(self.control_port))
+        (flwr_home / "local-superlink").mkdir(parents=True, exist_ok=True)
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+        self.flwr_home = flwr_home
+
+    def start(self) -> None:
+        # The same command `flwr run` would start for its ':local:' connection, but on our own
+        # ports and in our own process group, so that we know exactly what to stop.
+        cmd = [str(BIN / "flower-superlink"), "--insecure", "--simulation",
+               "--isolation", "subprocess",
+               "--control-api-address", f"127.0.0.1:{self.control_port}",
+               "--host", "127.0.0.1", "--port", str(self.http_port),
+               "--database", str(self.flwr_home / "local-superlink" / "state.db"),
+               "--log-file", str(self.log_path)]
+        self.process = subprocess.Popen(cmd, env=self.env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        wait_for_port(self.process, self.http_port, "flower-superlink", self.log_path)
+
+    def stop(self) -> None:
+        """Stop the SuperLink and every process it spawned (its whole process group)."""
+        stop_process_group(self.process)
+
+
+def run_status(env: dict, run_id: str) -> str:
+    """The run's final status as the SuperLink reports it (e.g. 'finished:completed')."""
+    out = subprocess.run([str(BIN / "flwr"), "list", "--run-id", run_id, "--format", "json"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    try:
+        runs = json.loads(out.stdout).get("runs", [])
+    except json.JSONDecodeError:
+        return f"unknown (flwr list said: {out.stdout.strip() or out.stderr.strip()})"
+    for run in runs:
+        if str(run.get("run-id")) == run_id:
+            return str(run.get("status"))
+    return "unknown (run not listed)"
+
+
+def stream_run(cmd: Sequence[str], env: dict, log_path: Path, verbose: bool) -> str | None:
+    """Run ``flwr run ... --stream``: keep its whole output in ``log_path``, print our progress
+    lines (or everything with ``verbose``), and return the run id it started (None if none)."""
+    run_id = None
+    with open(log_path, "w") as log_file, subprocess.Popen(
+            list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, bufsize=1) as proc:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            log_file.write(line)
+            match = re.search(r"run (\d+)", line) if run_id is None else None
+            if match and "start" in line.lower():
+                run_id = match.group(1)
+            if verbose or SHOW.search(line):
+                text = line.rstrip()
+                print(text[text.find(PROGRESS_TAG):] if PROGRESS_TAG in text else text,
+                      flush=True)
+    return run_id

@@ -1,0 +1,43 @@
+"""The ``fedapp`` command line: one parser over the run and compare commands
+(``fedapp.cli.run``) and the deployment steps (``fedapp.cli.deploy``), which both build on the
+Flower process control in ``fedapp.cli.flower``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from fedapp.cli import deploy, run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fedapp", description=run.__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser = sub.add_parser("run", help="run an experiment through Flower (simulation)")
+    run_parser.add_argument("preset", nargs="?", default=None,
+                            help="a preset name in conf/ (e.g. smoke) or a .toml path; "
+                                 "default: the defaults in pyproject.toml")
+    run_parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                            help='override a setting (TOML value: --set method="fedavg")')
+    run_parser.add_argument("--output-dir", help="results root (default: ./results)")
+    run_parser.add_argument("--verbose", action="store_true", help="show Flower's whole log")
+    run_parser.add_argument("--resume", metavar="RUN_DIR",
+                            help="continue a run started with checkpoint-every > 0 after its last "
+                                 "checkpoint (its own settings, same folder)")
+    run_parser.set_defaults(func=run.cmd_run)
+    compare = sub.add_parser("compare", help="plot and tabulate several finished runs")
+    compare.add_argument("runs", nargs="+", help="run folders (each with a summary.json)")
+    compare.add_argument("--output", default="compare.png", help="plot path")
+    compare.set_defaults(func=run.cmd_compare)
+    sub.add_parser("settings", help="list every setting with its default").set_defaults(
+        func=run.cmd_settings)
+    sub.add_parser("methods", help="list the methods").set_defaults(func=run.cmd_methods)
+    sub.add_parser("models", help="list the architectures").set_defaults(func=run.cmd_models)
+    deploy.add_parser(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
