@@ -14,7 +14,7 @@ if [ ! -f "$FMNIST_DIR/train-images-idx3-ubyte.gz" ]; then
     apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null
   else
     echo "setup: Fashion-MNIST not found in $FMNIST_DIR; as root run" \
-         "'apt-get install dataset-fashion-mnist', or pass --set data-dir=... (see README)."
+         "'apt-get install dataset-fashion-mnist', or pass --set data-dir=... (see docs/data.md)."
   fi
 fi
 

@@ -107,7 +107,7 @@ class Recorder:
             fh.write(json.dumps(update, default=_json_default, allow_nan=False) + "\n")
 
     def summary(self) -> dict[str, Any]:
-        """The run's summary (see README, 'Results')."""
+        """The run's summary (docs/usage.md, 'Results')."""
         # The accuracy of the last evaluated round (the last round always is, unless the run
         # stopped early); records without an "evaluated" list predate eval-every.
         evaluated = [h for h in self.history if h.get("evaluated", True)]

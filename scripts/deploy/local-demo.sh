@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The README's deployment walkthrough on one machine: a SuperLink with TLS and SuperNode
+# The deployment walk-through (docs/deployment.md) on one machine: a SuperLink with TLS and SuperNode
 # authentication, two registered SuperNodes (site0 takes partition 0 of the run's dataset,
 # site1 reads its own data-dir), one two-round experiment, then everything is stopped.
-# On real machines run the same `fedapp deploy` steps on each machine instead (see README).
+# On real machines run the same `fedapp deploy` steps on each machine instead (see docs/deployment.md).
 #
 #   bash scripts/deploy/local-demo.sh [DIR]      (DIR: the deployment folder, default ./deployment)
 set -euo pipefail
