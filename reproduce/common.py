@@ -16,7 +16,9 @@ import numpy as np
 from fedapp.cli.run import toml_value
 
 ROOT = Path(__file__).resolve().parent.parent
-FEDAPP = Path(sys.executable).parent / "fedapp"
+# `fedapp` through this interpreter: the same as the console script, without needing it
+# re-generated after the package moves.
+FEDAPP = [sys.executable, "-m", "fedapp.cli.main"]
 
 
 def run_experiment(preset: str, overrides: Mapping[str, Any], run_name: str,
@@ -27,11 +29,11 @@ def run_experiment(preset: str, overrides: Mapping[str, Any], run_name: str,
     if summary_path.exists():
         print(f"[reproduce] {run_name}: done before, reusing {summary_path}", flush=True)
         return json.loads(summary_path.read_text())
-    cmd = [str(FEDAPP), "run", preset, "--output-dir", str(out_dir),
+    cmd = [*FEDAPP, "run", preset, "--output-dir", str(out_dir),
            "--set", f"run-name={toml_value(run_name)}"]
     for key, value in overrides.items():
         cmd += ["--set", f"{key}={toml_value(value)}"]
-    print(f"[reproduce] {run_name}: {' '.join(cmd[1:])}", flush=True)
+    print(f"[reproduce] {run_name}: {' '.join(cmd[3:])}", flush=True)
     start = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True)
