@@ -1,21 +1,37 @@
 """How much does the framework cost? The same local work three ways, timed.
 
-Work: 10 clients on Fashion-MNIST (the CNN-1..5 mix, round-robin), each round every client
-trains 1 epoch (batch 64, SGD) on its own shard and evaluates on its own test split; R rounds.
+Two settings (``--setting``):
 
-1. bare:    a hand-written PyTorch loop over the clients (models kept in a dict).
+- ``tenclients`` (the default): 10 clients on Fashion-MNIST (IID, the CNN-1..5 mix,
+  round-robin); each round every client trains 1 epoch (batch 64, SGD with momentum) on its own
+  shard and evaluates on its own test split; method ``standalone``, so the three variants do
+  exactly the same arithmetic.
+- ``htfllib``: FedGH on HtFLlib's Fashion-MNIST setting: 20 clients, all of them every round,
+  Dirichlet 0.1 over the training set, batch 10, 1 local epoch, plain SGD with lr 0.01 (no
+  momentum, weight decay or clipping), three CNNs with a 512-d representation (CNN-1..3 of
+  FedGH's Table 2 with ``feature-dim`` 512). Here the bare loop does only the training steps
+  and the evaluation; FedGH's own work (the representation pass that computes the class means,
+  the server's header training, the global header's evaluation) counts as overhead, as it would
+  in HtFLlib's figure.
+
+The variants:
+
+1. bare:    a hand-written PyTorch loop over the clients (models kept in a list), with the same
+            models, shards, optimizer arithmetic (weight decay, gradient clipping) and batch
+            order (the same keyed generators) as the clients.
 2. runtime: the project's client runtime in-process (``FedClient.fit``/``evaluate`` with a real
-            Flower ``Context``: model rebuilt and restored from ``context.state`` every message,
-            exactly as under Flower), method ``standalone``.
-3. flwr:    ``fedapp run`` (a full ``flwr run`` simulation with Ray virtual clients), method
-            ``standalone``; reported both end to end (SuperLink start to stop) and as the
-            ServerApp's own ``wall_seconds``.
+            Flower ``Context``: model restored from ``context.state`` every message, exactly as
+            under Flower).
+3. flwr:    ``fedapp run`` (a full ``flwr run`` simulation with Ray virtual clients); reported
+            end to end (SuperLink start to stop), as the ServerApp's own ``wall_seconds``, and
+            per round after the first (round 1 also starts the Ray actors).
 
 Threads: the bare and in-process loops use torch's threads on every core; the Flower run gets
 ``client-num-cpus`` equal to the core count, so one virtual client trains at a time with the
 same threads, and the comparison measures the framework, not a different parallelism.
 
-    .venv/bin/python benchmarks/runtime_overhead.py [--rounds 20] [--samples-per-client 0]
+    .venv/bin/python benchmarks/runtime_overhead.py [--setting tenclients] [--rounds 20]
+    .venv/bin/python benchmarks/runtime_overhead.py --setting htfllib --rounds 5
 """
 
 from __future__ import annotations
@@ -40,43 +56,60 @@ from flwr.app import Context, RecordDict  # noqa: E402
 
 from fedapp.data import setup  # noqa: E402
 from fedapp.data.partitions import load_client_data  # noqa: E402
+from fedapp.seeding import derive_seed  # noqa: E402
 from strategies import METHODS, load_config  # noqa: E402
+
+SETTINGS = {
+    "tenclients": {"method": "standalone", "num-clients": 10, "partition": "iid",
+                   "arch-mix": "cnn1,cnn2,cnn3,cnn4,cnn5", "batch-size": 64, "momentum": 0.9},
+    "htfllib": {"method": "fedgh", "num-clients": 20, "partition": "dirichlet",
+                "dirichlet-alpha": 0.1, "arch-mix": "cnn1,cnn2,cnn3", "feature-dim": 512,
+                "batch-size": 10, "momentum": 0.0, "weight-decay": 0.0, "grad-clip": 0.0},
+}
 
 
 def settings(args: argparse.Namespace) -> dict:
-    return {"method": "standalone", "dataset": "fmnist", "num-clients": 10,
-            "num-server-rounds": args.rounds, "arch-mix": "cnn1,cnn2,cnn3,cnn4,cnn5",
-            "partition": "iid", "max-samples-per-client": args.samples_per_client,
-            "local-epochs": 1, "batch-size": 64, "optimizer": "sgd", "lr": 0.01,
-            "momentum": 0.9, "client-num-cpus": os.cpu_count() or 1}
+    return {"dataset": "fmnist", "num-server-rounds": args.rounds,
+            "max-samples-per-client": args.samples_per_client, "local-epochs": 1,
+            "optimizer": "sgd", "lr": 0.01, "client-num-cpus": os.cpu_count() or 1,
+            **SETTINGS[args.setting]}
 
 
-def bare(cfg) -> Iterator[float]:
+def bare(cfg) -> Iterator[tuple[float, float]]:
     """The reference: the plainest loop that does the same training and evaluation.
 
-    Yields the seconds of each round (set-up is not timed)."""
+    Yields (training seconds, evaluation seconds) of each round (set-up is not timed)."""
     data = setup.dataset(cfg)
     shards = [load_client_data(data, setup.partition_spec(cfg), k)
               for k in range(cfg.num_clients)]
     models = [setup.new_model(cfg, arch, data.input_shape, data.num_classes, k)
               for k, arch in enumerate(setup.architectures(cfg))]
-    for _ in range(cfg.num_server_rounds):
-        start = time.perf_counter()
-        for model, shard in zip(models, shards):
-            opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    for rnd in range(1, cfg.num_server_rounds + 1):
+        train = evaluate = 0.0
+        for k, (model, shard) in enumerate(zip(models, shards)):
+            start = time.perf_counter()
+            opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                                  weight_decay=cfg.weight_decay)
             model.train()
-            order = torch.randperm(len(shard.train_y))
+            # The clients' batch order: one shuffle from the generator keyed like theirs.
+            order = torch.randperm(len(shard.train_y), generator=torch.Generator().manual_seed(
+                derive_seed(cfg.seed, "batches", k, rnd)))
             for i in range(0, len(order), cfg.batch_size):
                 idx = order[i:i + cfg.batch_size]
                 loss = F.cross_entropy(model(shard.train_x[idx]), shard.train_y[idx])
                 opt.zero_grad()
                 loss.backward()
+                if cfg.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                 opt.step()
+            middle = time.perf_counter()
             model.eval()
             with torch.no_grad():
                 for i in range(0, len(shard.test_y), 512):
                     model(shard.test_x[i:i + 512]).argmax(1)
-        yield time.perf_counter() - start
+            train += middle - start
+            evaluate += time.perf_counter() - middle
+        yield train, evaluate
 
 
 def runtime(cfg) -> Iterator[float]:
@@ -90,7 +123,7 @@ def runtime(cfg) -> Iterator[float]:
                         state=RecordDict(), run_config=run_config)
                 for k in range(cfg.num_clients)]
     for ctx in contexts:  # load data and warm caches outside the timing, as `bare` does
-        client_cls(ctx, cfg)
+        client_cls(ctx, cfg).data
     for rnd in range(1, cfg.num_server_rounds + 1):
         start = time.perf_counter()
         for ctx in contexts:
@@ -99,43 +132,80 @@ def runtime(cfg) -> Iterator[float]:
         yield time.perf_counter() - start
 
 
-def full_run(args: argparse.Namespace) -> tuple[float, float]:
-    """(end-to-end seconds of `fedapp run`, the ServerApp's own wall_seconds)."""
+def full_run(args: argparse.Namespace) -> tuple[float, float, float]:
+    """(end-to-end seconds of `fedapp run`, the ServerApp's own wall_seconds, the mean wall
+    seconds of its rounds after the first)."""
     out = Path(tempfile.mkdtemp(prefix="fedapp-bench-"))
     sets = [f"--set={k}={json.dumps(v) if isinstance(v, str) else v}"
             for k, v in settings(args).items()]
     start = time.perf_counter()
-    subprocess.run([str(Path(sys.executable).parent / "fedapp"), "run", *sets,
+    subprocess.run([sys.executable, "-m", "fedapp.cli.main", "run", *sets,
                     "--set", 'run-name="bench"', "--output-dir", str(out)], check=True)
     end_to_end = time.perf_counter() - start
     summary = json.loads((out / "bench" / "summary.json").read_text())
-    return end_to_end, summary["wall_seconds"]
+    rounds = [json.loads(line)["seconds"]
+              for line in (out / "bench" / "rounds.jsonl").read_text().splitlines()]
+    later = rounds[1:] or rounds
+    return end_to_end, summary["wall_seconds"], sum(later) / len(later)
+
+
+def one_sitting(args: argparse.Namespace, cfg) -> dict[str, float]:
+    """Every variant once; seconds (per run, and per round where it says so)."""
+    # The two in-process loops run round by round in alternation, so both see the same
+    # machine (warm caches, noisy neighbours) and neither profits from going second.
+    t = {"bare-train": 0.0, "bare": 0.0, "runtime": 0.0}
+    for (train, evaluate), r in zip(bare(cfg), runtime(cfg)):
+        t["bare-train"] += train
+        t["bare"] += train + evaluate
+        t["runtime"] += r
+    if not args.skip_flwr:
+        t["end-to-end"], t["server"], t["round"] = full_run(args)
+    return t
+
+
+def ratio_range(values: list[float]) -> str:
+    return (f"{values[0]:.2f}x" if len(values) == 1
+            else f"{min(values):.2f}-{max(values):.2f}x")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--setting", default="tenclients", choices=sorted(SETTINGS))
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--samples-per-client", type=int, default=0,
-                        help="cap per client (0 = the client's whole IID shard, 6000)")
+                        help="cap per client (0 = the client's whole shard)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="sittings; the ratios are reported as their range")
     parser.add_argument("--skip-flwr", action="store_true")
     args = parser.parse_args()
     cfg = load_config(settings(args))
     torch.set_num_threads(os.cpu_count() or 1)
-    # The two in-process loops run round by round in alternation, so both see the same
-    # machine (warm caches, noisy neighbours) and neither profits from going second.
-    t_bare = t_runtime = 0.0
-    for b, r in zip(bare(cfg), runtime(cfg)):
-        t_bare, t_runtime = t_bare + b, t_runtime + r
-    print(f"bare PyTorch loop      {t_bare:8.1f} s   1.00x")
-    print(f"client runtime         {t_runtime:8.1f} s   {t_runtime / t_bare:.2f}x")
-    if not args.skip_flwr:
-        t_e2e, t_server = full_run(args)
-        print(f"flwr run (ServerApp)   {t_server:8.1f} s   {t_server / t_bare:.2f}x")
-        print(f"flwr run (end to end)  {t_e2e:8.1f} s   {t_e2e / t_bare:.2f}x")
+    sittings = []
+    for i in range(args.repeat):
+        sittings.append(one_sitting(args, cfg))
+        print(f"sitting {i + 1}: " + ", ".join(f"{k} {v:.1f} s" for k, v in sittings[-1].items()),
+              flush=True)
+    rounds = cfg.num_server_rounds
+    rows = [("bare PyTorch loop: training only", "bare-train", 1),
+            ("bare PyTorch loop: training + evaluation", "bare", 1),
+            ("client runtime (in-process)", "runtime", 1),
+            ("flwr run (ServerApp)", "server", 1),
+            ("flwr run (end to end)", "end-to-end", 1),
+            ("flwr run, one round after the first", "round", rounds)]
+    print("\n| variant | seconds | ratio to bare (training + evaluation) | ratio to bare "
+          "training |\n|---|---|---|---|")
+    for label, key, scale in rows:
+        if key not in sittings[0]:
+            continue
+        seconds = [s[key] * scale for s in sittings]
+        print(f"| {label} | " + " / ".join(f"{v / scale:.1f}" for v in seconds) + " | "
+              + ratio_range([v / s["bare"] for v, s in zip(seconds, sittings)]) + " | "
+              + ratio_range([v / s["bare-train"] for v, s in zip(seconds, sittings)]) + " |")
     cap = args.samples_per_client or "all"
-    print(f"work: {cfg.num_clients} clients x {cfg.num_server_rounds} rounds x 1 epoch, "
-          f"samples per client: {cap}, batch {cfg.batch_size}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(f"\nwork ({args.setting}): method {cfg.method}, {cfg.num_clients} clients x {rounds} "
+          f"rounds x 1 epoch, samples per client: {cap}, batch {cfg.batch_size}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}; "
+          f"{args.repeat} sitting(s), seconds per sitting separated by /")
 
 
 if __name__ == "__main__":

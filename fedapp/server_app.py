@@ -18,7 +18,7 @@ from fedapp.config import ConfigError
 from fedapp.data import setup
 from fedapp.loops.asynchronous import AsyncLoop
 from fedapp.loops.relay import GossipLoop, WalkLoop
-from fedapp.runtime import checkpoint
+from fedapp.runtime import checkpoint, linkstate
 from fedapp.runtime.results import Recorder
 from strategies import METHODS, load_config
 
@@ -73,6 +73,9 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    # In a simulation this process also holds the link state: let it find a node's messages
+    # without checking every other node's (fedapp.runtime.linkstate).
+    linkstate.install()
     # One ServerApp, two loops: Flower runs ``main`` whenever it exists, so the synchronous
     # path is spelled out here exactly as ServerApp(server_fn=...) would run it.
     components = server_fn(context)

@@ -49,9 +49,11 @@ def main() -> None:
     parser.add_argument("--rich", action="store_true")
     args = parser.parse_args()
     regimes = {**REGIMES, **(RICH if args.rich else {})}
-    lines = [f"Dirichlet 0.3, 10 clients, seed {args.seed}: mean local test accuracy after the "
-             "last round (FedGH's header: its own locally trained one; in brackets the global "
-             "header installed).", "",
+    command = "reproduce/fedgh_regimes.py" + (" --rich" if args.rich else "") + \
+        (f" --seed {args.seed}" if args.seed else "")
+    lines = [f"Produced by `.venv/bin/python {command}`. Dirichlet 0.3, 10 clients, seed "
+             f"{args.seed}: mean local test accuracy after the last round (FedGH's header: its "
+             "own locally trained one; in brackets the global header installed).", "",
              "| regime | local steps per round (largest client) | Standalone | LG-FedAvg | FedGH "
              "| FedGH − Standalone | FedGH − LG-FedAvg |", "|---|---|---|---|---|---|---|"]
     for i, (regime, overrides) in enumerate(regimes.items()):

@@ -78,6 +78,17 @@ def test_override_parsing():
         parse_override("no-equals-sign")
 
 
+def test_sweep_gives_every_combination_and_refuses_an_empty_one():
+    from fedapp.cli.run import sweep_variants
+    assert sweep_variants([]) == [[]]
+    assert sweep_variants(["seed=0,1", "method=fedgh,standalone"]) == [
+        [("seed", 0), ("method", "fedgh")], [("seed", 0), ("method", "standalone")],
+        [("seed", 1), ("method", "fedgh")], [("seed", 1), ("method", "standalone")]]
+    for bad in ("seed", "seed="):
+        with pytest.raises(ConfigError, match="--sweep"):
+            sweep_variants([bad])
+
+
 def test_config_is_hashable_for_per_process_caches():
     cfg = RunConfig()
     assert hash(cfg) == hash(dataclasses.replace(cfg))

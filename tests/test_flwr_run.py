@@ -102,17 +102,24 @@ def test_bad_setting_is_refused_before_anything_starts():
         assert name in proc.stderr
 
 
-def test_a_failed_run_exits_non_zero(tmp_path):
+def test_a_failed_run_exits_non_zero_even_in_a_sweep_whose_other_run_completes(tmp_path):
     # lr=1e30 makes every client's head NaN; the strategy rejects all uploads, the round
     # fails, the ServerApp raises — and although `flwr run` itself exits 0, fedapp reads the
-    # run status and exits 1.
-    proc = fedapp("run", "conf/smoke.toml", "--set", "lr=1e30", "--set", 'run-name="bad"',
-                  "--output-dir", str(tmp_path))
+    # run status and exits 1. The sweep's second run, on the same SuperLink, completes.
+    proc = fedapp("run", "conf/smoke.toml", "--set", 'run-name="bad"', "--sweep",
+                  "lr=1e30,0.01", "--set", "num-server-rounds=1", "--output-dir", str(tmp_path))
     assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "a sweep of 2 runs on one SuperLink" in proc.stdout
     assert "did not complete" in proc.stderr and "finished:failed" in proc.stderr
-    log = (tmp_path / "bad" / "flwr.log").read_text()
+    bad, good = tmp_path / "bad-lr1e+30", tmp_path / "bad-lr0.01"
+    log = (bad / "flwr.log").read_text()
     assert "NaN" in log and "no client returned a usable update" in log
-    assert not (tmp_path / "bad" / "summary.json").exists()
+    assert not (bad / "summary.json").exists()
+    assert json.loads((good / "config.json").read_text())["lr"] == 0.01
+    timing = json.loads((good / "timing.json").read_text())
+    assert timing["shared_by"] == 2
+    assert 0 < timing["server_app_wall"] < timing["flwr_run"]
+    assert "fixed cost" in proc.stdout and "shared by 2 runs" in proc.stdout
 
 
 def test_plain_flwr_run_of_asynchronous_fedhe_commits_as_the_in_process_reference(tmp_path):

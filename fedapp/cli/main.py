@@ -25,6 +25,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_parser.add_argument("--resume", metavar="RUN_DIR",
                             help="continue a run started with checkpoint-every > 0 after its last "
                                  "checkpoint (its own settings, same folder)")
+    run_parser.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                            help="one run per value (per combination, if repeated), all on "
+                                 "one SuperLink; fails if any run fails (e.g. --sweep "
+                                 "seed=0,1,2)")
     run_parser.set_defaults(func=run.cmd_run)
     compare = sub.add_parser("compare", help="plot and tabulate several finished runs")
     compare.add_argument("runs", nargs="+", help="run folders (each with a summary.json)")

@@ -17,6 +17,7 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -62,11 +63,12 @@ def resume_settings(run_dir: Path, args: argparse.Namespace) -> tuple[dict, dict
     return flat, {k: v for k, v in flat.items() if defaults.get(k) != v}
 
 
-def resolve_run(args: argparse.Namespace, *, check_data: bool = True
-                ) -> tuple[Any, dict[str, Any], Path]:
+def resolve_run(args: argparse.Namespace, *, check_data: bool = True,
+                variant: Sequence[tuple[str, Any]] = ()) -> tuple[Any, dict[str, Any], Path]:
     """(validated config, the settings to send as overrides, run folder) of ``fedapp run`` /
     ``fedapp deploy run``; raises ConfigError (or OSError, ...) with a message for the user.
 
+    ``variant``: one run of a sweep, settings set after ``--set`` and named in the run name.
     ``output-dir`` is made absolute and ``run-name`` fixed here, because the ServerApp runs
     from a copy of the app in another directory and must write where this command looks."""
     from strategies import load_config
@@ -75,11 +77,15 @@ def resolve_run(args: argparse.Namespace, *, check_data: bool = True
         flat, changed = resume_settings(Path(args.resume), args)
     else:
         flat, changed = resolve_settings(args.preset, args.set)
+    for key, value in variant:
+        flat[key] = changed[key] = value
     output_dir = Path(args.output_dir or flat["output-dir"] or "results").expanduser()
     flat["output-dir"] = changed["output-dir"] = str(output_dir.resolve())
     if not flat["run-name"]:
         from fedapp.server_app import default_run_name
         flat["run-name"] = default_run_name(flat["method"], flat["dataset"])
+    if variant:  # fedgh-fmnist-...-seed1: every run of a sweep in its own folder
+        flat["run-name"] += "".join(f"-{k}{v}" for k, v in variant)
     changed["run-name"] = flat["run-name"]
     cfg = load_config(flat)
     if check_data:
@@ -120,37 +126,102 @@ def report_run(status: str, run_dir: Path, *, results_elsewhere: bool = False) -
     return 130 if status == "interrupted" else 1
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    try:
-        cfg, changed, run_dir = resolve_run(args)
-    except (ConfigError, OSError, RuntimeError, ValueError) as exc:
-        print(f"fedapp: {exc}", file=sys.stderr)
-        return 2
+def sweep_variants(sweeps: Sequence[str]) -> list[list[tuple[str, Any]]]:
+    """``--sweep seed=0,1,2 --sweep method=fedgh,standalone``: one list of (key, value) per run,
+    every combination (``[[]]``, one plain run, without a sweep)."""
+    variants: list[list[tuple[str, Any]]] = [[]]
+    for text in sweeps:
+        key = text.split("=", 1)[0].strip()
+        if "=" not in text or not text.split("=", 1)[1].strip():
+            raise ConfigError(f"--sweep {text!r} is invalid: expected key=value,value,... e.g. "
+                              "seed=0,1,2")
+        values = [parse_override(f"{key}={raw}")[1] for raw in text.split("=", 1)[1].split(",")]
+        variants = [v + [(key, value)] for v in variants for value in values]
+    return variants
 
+
+def run_on_link(link: LocalSuperLink, cfg: Any, changed: dict[str, Any], run_dir: Path,
+                verbose: bool) -> tuple[str, float]:
+    """Submit one run to a started SuperLink and follow it; (its final status, the seconds
+    from submission to its status)."""
+    start = time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
-    flwr_home = Path(tempfile.mkdtemp(prefix="fedapp-flwr-home-"))
-    overrides = write_run_config(changed, flwr_home / "run-config.toml")
+    overrides = write_run_config(changed, link.flwr_home / f"{cfg.run_name}.toml")
     federation = (f"num-supernodes={cfg.num_clients} "
                   f"client-resources-num-cpus={cfg.client_num_cpus} "
                   f"client-resources-num-gpus={cfg.client_num_gpus}")
-    link = LocalSuperLink(flwr_home, run_dir / "superlink.log")
-    print(f"fedapp: {cfg.method} on {cfg.dataset}, {cfg.num_clients} clients, "
-          f"{cfg.num_server_rounds} rounds -> {run_dir}", flush=True)
-    status = "not started"
+    cmd = [str(BIN / "flwr"), "run", str(PROJECT_ROOT), "--stream",
+           "--run-config", str(overrides), "--federation-config", federation]
+    run_id = stream_run(cmd, link.env, run_dir / "flwr.log", verbose)
+    status = run_status(link.env, run_id) if run_id else "unknown (no run id)"
+    return status, time.perf_counter() - start
+
+
+def report_fixed_cost(run_dir: Path, phases: dict[str, float], shared_by: int) -> None:
+    """Write ``timing.json`` (where a run's time went outside its rounds) and say it in one
+    line. The fixed cost is everything but the ServerApp's own ``wall_seconds`` (first round
+    to last evaluation): settings and data checked here, SuperLink start, submission, the
+    ServerApp's start and end, the status query and the shutdown; a sweep shares the
+    SuperLink's start and stop among its runs."""
+    summary = run_dir / "summary.json"
+    if not summary.exists():
+        return
+    wall = float(json.loads(summary.read_text())["wall_seconds"])
+    timing = {**phases, "server_app_wall": wall, "shared_by": shared_by,
+              "fixed": (phases["validate"] + phases["superlink_start"] + phases["stop"])
+              / shared_by + phases["flwr_run"] - wall}
+    (run_dir / "timing.json").write_text(json.dumps(timing, indent=1) + "\n")
+    print(f"fedapp: fixed cost {timing['fixed']:.0f} s (settings and data "
+          f"{phases['validate']:.0f} s, SuperLink start {phases['superlink_start']:.0f} s"
+          + (f" shared by {shared_by} runs" if shared_by > 1 else "")
+          + f", submission, ServerApp start and end {phases['flwr_run'] - wall:.0f} s, "
+          f"shutdown {phases['stop']:.0f} s) beside {wall:.0f} s of rounds", flush=True)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
     try:
+        if getattr(args, "resume", None) and args.sweep:
+            raise ConfigError("--resume continues one run; give no --sweep with it.")
+        runs = [resolve_run(args, variant=v) for v in sweep_variants(args.sweep)]
+    except (ConfigError, OSError, RuntimeError, ValueError) as exc:
+        print(f"fedapp: {exc}", file=sys.stderr)
+        return 2
+    phases = {"validate": time.perf_counter() - start}
+
+    flwr_home = Path(tempfile.mkdtemp(prefix="fedapp-flwr-home-"))
+    link = LocalSuperLink(flwr_home, runs[0][2] / "superlink.log")
+    runs[0][2].mkdir(parents=True, exist_ok=True)
+    if len(runs) > 1:
+        print(f"fedapp: a sweep of {len(runs)} runs on one SuperLink: "
+              + ", ".join(run_dir.name for _, _, run_dir in runs), flush=True)
+    ended: list[tuple[str, Path, float]] = []
+    try:
+        mark = time.perf_counter()
         link.start()
-        cmd = [str(BIN / "flwr"), "run", str(PROJECT_ROOT), "--stream",
-               "--run-config", str(overrides), "--federation-config", federation]
-        run_id = stream_run(cmd, link.env, run_dir / "flwr.log", args.verbose)
-        status = run_status(link.env, run_id) if run_id else "unknown (no run id)"
+        phases["superlink_start"] = time.perf_counter() - mark
+        for cfg, changed, run_dir in runs:
+            print(f"fedapp: {cfg.method} on {cfg.dataset}, {cfg.num_clients} clients, "
+                  f"{cfg.num_server_rounds} rounds -> {run_dir}", flush=True)
+            status, seconds = run_on_link(link, cfg, changed, run_dir, args.verbose)
+            ended.append((status, run_dir, seconds))
     except KeyboardInterrupt:
-        status = "interrupted"
+        ended.append(("interrupted", runs[len(ended)][2], 0.0))
     except RuntimeError as exc:
-        status = f"failed to start: {exc}"
+        ended.append((f"failed to start: {exc}", runs[len(ended)][2], 0.0))
     finally:
+        mark = time.perf_counter()
         link.stop()
+        phases["stop"] = time.perf_counter() - mark
         shutil.rmtree(flwr_home, ignore_errors=True)
-    return report_run(status, run_dir)
+    codes = []
+    for status, run_dir, seconds in ended:
+        report_fixed_cost(run_dir, {**phases, "flwr_run": seconds}, len(runs))
+        codes.append(report_run(status, run_dir))
+    # A sweep fails if any of its runs did not complete, or never started after an
+    # interruption.
+    codes += [1] * (len(runs) - len(ended))
+    return max(codes)
 
 
 def compare_table(summaries: Sequence[dict], labels: Sequence[str]) -> str:
