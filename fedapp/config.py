@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,14 +92,34 @@ class RunConfig:
     feature_dim: int = _opt(500, "shared representation dimension d (0 = each model's own)",
                             low=0)
     model_width: float = _opt(1.0, "channel width multiplier", low=0.0, low_open=True)
-    # -- local training
-    local_epochs: int = _opt(1, "local epochs per round", low=1)
+    # -- local training (the recipe: a method's own values replace these defaults for every
+    #    key the run does not set, see RECIPE_KEYS and docs/recipes.md)
+    local_epochs: int = _opt(1, "local epochs per round (when local-steps = 0)", low=1)
+    local_steps: int = _opt(
+        0, "mini-batches per client update, drawn at random (FedHe's paper: 3); 0 = "
+        "local-epochs full passes over the local data", low=0)
     batch_size: int = _opt(64, "local mini-batch size", low=1)
     optimizer: str = _opt("sgd", "local optimizer", choices=("sgd", "adam"))
     lr: float = _opt(0.01, "local learning rate", low=0.0, low_open=True)
     momentum: float = _opt(0.9, "SGD momentum", low=0.0, high=1.0)
+    adam_beta1: float = _opt(0.9, "Adam beta1 (optimizer = 'adam')", low=0.0, high=1.0)
+    adam_beta2: float = _opt(0.999, "Adam beta2 (optimizer = 'adam')", low=0.0, high=1.0)
     weight_decay: float = _opt(0.001, "L2 weight decay", low=0.0)
     grad_clip: float = _opt(50.0, "gradient-norm clipping (0 = off)", low=0.0)
+    optimizer_state: str = _opt(
+        "fresh", "lifetime of a client's optimizer state (momentum buffers, Adam's moments): "
+        "'fresh' = a new optimizer for every message, 'keep' = one optimizer for the "
+        "client's whole life, its state kept with the private model (never sent)",
+        choices=("fresh", "keep"))
+    recipe: str = _opt(
+        "method", "'method': the chosen method's recipe (its authors' optimizer, lr, steps, "
+        "...; `fedapp settings` shows it) replaces the defaults of every training setting "
+        "the run does not set; 'none': the defaults for every method", choices=("method", "none"))
+    explicit_settings: str = _opt(
+        "", "settings set on purpose, which a method's recipe never replaces, as "
+        "'key=layer,...' (fedapp run and deploy fill it in; with plain `flwr run` a "
+        "setting whose value differs from its default counts as set anyway, so name one here "
+        "only to keep its default under a recipe that changes it, e.g. 'optimizer=config')")
     # -- evaluation
     eval_global_test: bool = _opt(False, "also evaluate every client on the global test set")
     global_test_samples: int = _opt(0, "global test subset size (0 = all)", low=0)
@@ -256,6 +277,65 @@ def settings_keys(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:
 
 SHARED_KEYS = settings_keys(RunConfig)
 
+# -- recipes: a layer of defaults between the global defaults and what a run sets ------------
+#
+# Effective value of a setting = its global default < the chosen method's recipe < a preset <
+# --set. A recipe (``strategies.Method.recipe``) may give only these shared keys: how a client
+# trains, as its method's authors train it.
+RECIPE_KEYS = ("optimizer", "lr", "momentum", "adam-beta1", "adam-beta2", "weight-decay",
+               "grad-clip", "optimizer-state", "batch-size", "local-epochs", "local-steps",
+               "feature-dim")
+# Settings that became shared recipe keys: a preset that still names one is told where it went.
+MOVED_KEYS = {f"{m}.local-batches": "local-steps" for m in ("fedhe", "felo", "velo")} | {
+    "fedclassavg.adam-beta1": "adam-beta1", "fedclassavg.adam-beta2": "adam-beta2",
+    "fedclassavg.feature-dim": "feature-dim"}
+# Where an explicitly set value came from (``explicit-settings``): a preset file, --set, or a
+# plain run config (``flwr run --run-config``).
+EXPLICIT_LAYERS = ("preset", "set", "config")
+
+
+def explicit_layers(text: str) -> dict[str, str]:
+    """``explicit-settings`` (``"lr=set,optimizer=preset"``) as {key: layer}; a bare key
+    counts as ``config``."""
+    layers = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, _, layer = item.partition("=")
+        layer = layer.strip() or "config"
+        if layer not in EXPLICIT_LAYERS:
+            raise ConfigError(f"setting explicit-settings = {text!r} is invalid: {item!r} names "
+                              f"layer {layer!r}; expected one of {', '.join(EXPLICIT_LAYERS)}.")
+        layers[key.strip()] = layer
+    return layers
+
+
+def format_explicit(layers: Mapping[str, str]) -> str:
+    """The inverse of :func:`explicit_layers`, sorted so that one run config has one text."""
+    return ",".join(f"{k}={v}" for k, v in sorted(layers.items()))
+
+
+def resolve_layers(flat: Mapping[str, Any], method: str, recipe: Mapping[str, Any]
+                   ) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the effective flat settings, the layer each shared key's value came from).
+
+    A recipe value replaces a training setting unless the run set it: named in
+    ``explicit-settings``, or (a plain ``flwr run`` run config, where every key arrives with
+    pyproject's value filled in) holding a value other than its global default. Layers:
+    ``default``, ``recipe <method>``, ``preset``, ``set``, ``config``."""
+    explicit = explicit_layers(str(flat.get("explicit-settings", "")))
+    use_recipe = flat.get("recipe", "method") != "none"
+    out, layers = dict(flat), {}
+    for key, f in SHARED_KEYS.items():
+        value = flat.get(key, f.default)
+        if key in explicit:
+            layers[key] = explicit[key]
+        elif value != f.default:
+            layers[key] = "config"
+        elif use_recipe and key in recipe:
+            out[key], layers[key] = recipe[key], f"recipe {method}"
+        else:
+            layers[key] = "default"
+    return out, layers
+
 
 def _describe(f: dataclasses.Field) -> str:
     m = f.metadata
@@ -306,6 +386,12 @@ def parse_run_config(flat: Mapping[str, Any], *, method_keys: Mapping[str, Any] 
     and checked by :func:`parse_settings` (see ``strategies.load_config``).
     """
     unknown = [k for k in flat if k not in SHARED_KEYS and k not in method_keys]
+    moved = [k for k in unknown if k in MOVED_KEYS]
+    if moved:
+        raise ConfigError("setting(s) " + ", ".join(f"{k} (now the shared {MOVED_KEYS[k]})"
+                                                    for k in moved)
+                          + " moved: the shared key serves every method, and each method's "
+                          "recipe gives its own value (`fedapp settings` shows them).")
     if unknown:
         known = list(SHARED_KEYS) + list(method_keys)
         hints = []
@@ -368,6 +454,9 @@ def _check_cross_field(cfg: RunConfig) -> None:
         raise ConfigError("setting client-state = 'disk' is invalid with checkpoint-every / "
                           "resume: a resumed client must start from its checkpoint, not from "
                           "its newer idle file; use client-state = 'memory' with checkpoints.")
+    if cfg.optimizer == "adam" and not (cfg.adam_beta1 < 1 and cfg.adam_beta2 < 1):
+        raise ConfigError(f"settings adam-beta1 = {cfg.adam_beta1} and adam-beta2 = "
+                          f"{cfg.adam_beta2} are invalid: Adam needs both betas < 1.")
     if cfg.walk_forward >= 1:
         raise ConfigError(f"setting walk-forward = {cfg.walk_forward} is invalid: a walk whose "
                           "holders never train would never finish; use a value below 1.")
@@ -422,6 +511,15 @@ def read_preset(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if base_path in _seen or base_path == Path(path).resolve():
         raise ConfigError(f"preset {path} extends {base!r}, which extends it again")
     return {**read_preset(base_path, (*_seen, Path(path).resolve())), **_flatten(table)}
+
+
+def toml_value(value: Any) -> str:
+    """A setting's value as TOML spells it (as ``--set`` and presets take it)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    return repr(value)
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -20,7 +20,7 @@ from fedapp.loops.asynchronous import AsyncLoop
 from fedapp.loops.relay import GossipLoop, WalkLoop
 from fedapp.runtime import checkpoint, linkstate
 from fedapp.runtime.results import Recorder
-from strategies import METHODS, load_config
+from strategies import METHODS, load_config, recipe_line, settings_report
 
 
 def default_run_name(method: str, dataset: str) -> str:
@@ -30,6 +30,8 @@ def default_run_name(method: str, dataset: str) -> str:
 
 def server_fn(context: Context) -> ServerAppComponents:
     cfg = load_config(context.run_config)
+    settings = settings_report(context.run_config)  # every effective value and its layer
+    log(INFO, "[fedapp] %s", recipe_line(settings))
     data, partition = setup.prepare(cfg)  # bad data or settings fail here, not later
     run_dir = cfg.results_root() / (cfg.run_name or default_run_name(cfg.method, cfg.dataset))
     summary = partition.summary(data.train_y.numpy(), data.test_y.numpy(), data.num_classes)
@@ -51,7 +53,7 @@ def server_fn(context: Context) -> ServerAppComponents:
         AsyncLoop.evaluations_of(cfg)
     recorder = Recorder(run_dir, method=cfg.method, dataset=cfg.dataset,
                         num_clients=cfg.num_clients, num_rounds=rounds,
-                        config=dict(context.run_config), partition=summary, resume_after=done)
+                        config=settings, partition=summary, resume_after=done)
     log(INFO, "[fedapp] %s on %s: %d clients, %d rounds%s; results in %s", cfg.method,
         cfg.dataset, cfg.num_clients, cfg.num_server_rounds,
         f" (resumed after round {done})" if done else "", run_dir)

@@ -29,7 +29,7 @@ METHODS = [
     ("Standalone", "standalone", {}),
     ("LG-FedAvg", "lg-fedavg", {}),
     ("FedProto", "fedproto", {}),
-    ("FedHe", "fedhe", {"fedhe.local-batches": 0}),
+    ("FedHe", "fedhe", {"local-steps": 0}),
     ("FedGH", "fedgh", {}),
     ("FedGH, frozen header (released code)", "fedgh", {"fedgh.server-head-training": False}),
 ]

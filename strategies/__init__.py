@@ -1,17 +1,20 @@
 """The methods: one module each, registered here by the name the run config uses.
 
 Adding a method = its module (a ``FedClient`` and a ``FedStrategy`` subclass, and a frozen
-dataclass of its own settings if it has any), one entry in ``METHODS``, the settings' defaults
-under ``[tool.flwr.app.config.<method>]`` in ``pyproject.toml`` and a preset in ``conf/``.
+dataclass of its own settings if it has any), one entry in ``METHODS`` (with the method's recipe:
+how its authors train a client), the settings' defaults under
+``[tool.flwr.app.config.<method>]`` in ``pyproject.toml`` and a preset in ``conf/``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from fedapp.config import ConfigError, RunConfig, parse_run_config, parse_settings, settings_keys
+from fedapp.config import (RECIPE_KEYS, SHARED_KEYS, ConfigError, RunConfig, explicit_layers,
+                           parse_run_config, parse_settings, resolve_layers, settings_keys,
+                           toml_value)
 from fedapp.runtime.client_base import FedClient
 from fedapp.runtime.strategy_base import FedStrategy
 from strategies.compfl import CompFL, CompFLClient, CompFLSettings
@@ -43,7 +46,19 @@ class Method:
                                     # without a round barrier (server-loop = "async")
     decentralised: bool = False     # its models can travel client to client with the server
                                     # only relaying (server-loop = "walk" or "gossip")
+    # How the method's authors train a client: shared training settings (RECIPE_KEYS) that
+    # replace the global defaults when the run leaves them unset (docs/recipes.md says where
+    # each value comes from). Empty: the global defaults are the method's recipe.
+    recipe: Mapping[str, Any] = field(default_factory=dict)
 
+
+# The recipes (docs/recipes.md audits each against its paper and its authors' code).
+# FedHe's code trains one Keras model per client, compiled once: one Adam for the whole run.
+_FEDHE = {"optimizer": "adam", "lr": 0.001, "weight-decay": 0.0, "grad-clip": 0.0,
+          "batch-size": 50, "local-steps": 3, "optimizer-state": "keep"}
+# Felo/Velo's code: Adam 1e-3, 10 mini-batches of 50 per update, one optimizer per client.
+_FELO = {"optimizer": "adam", "lr": 0.001, "weight-decay": 0.0, "grad-clip": 0.0,
+         "batch-size": 50, "local-steps": 10, "optimizer-state": "keep"}
 
 METHODS: dict[str, Method] = {
     "standalone": Method("local training only; no communication (lower bound)",
@@ -55,7 +70,10 @@ METHODS: dict[str, Method] = {
     "fedclassavg": Method("average the shared classifier; supervised contrastive loss on "
                           "augmented views + CE + rho * proximal term to the global classifier",
                           FedClassAvg, FedClassAvgClient, shared_dim=True,
-                          settings=FedClassAvgSettings),
+                          settings=FedClassAvgSettings,
+                          recipe={"optimizer": "adam", "lr": 0.0006, "adam-beta1": 0.5,
+                                  "adam-beta2": 0.999, "weight-decay": 0.0, "grad-clip": 0.0,
+                                  "batch-size": 64, "local-epochs": 1, "feature-dim": 512}),
     "fedgh": Method("server trains a global header on clients' per-class averaged "
                     "representations", FedGH, FedGHClient, shared_dim=True,
                     settings=FedGHSettings),
@@ -64,7 +82,7 @@ METHODS: dict[str, Method] = {
                        settings=FedProtoSettings),
     "fedhe": Method("per-class average logits up and down; CE + alpha * logit loss "
                     "(any architectures)", FedHe, FedHeClient, settings=FedHeSettings,
-                   asynchronous=True),
+                    asynchronous=True, recipe=_FEDHE),
     "fedper": Method("average the extractors within each architecture; heads stay private",
                      FedPer, FedPerClient),
     "fedrep": Method("as fedper, trained head first (extractor frozen), then extractor (head "
@@ -72,13 +90,15 @@ METHODS: dict[str, Method] = {
     "compfl": Method("experts ordered by size share per-architecture extractors; prototype "
                      "head adaptation, epsilon-greedy expert choice, CE + lambda * alignment + "
                      "mu * ensemble KD", CompFL, CompFLClient, settings=CompFLSettings,
-                     decentralised=True),
+                     decentralised=True,
+                     recipe={"optimizer": "sgd", "lr": 0.01, "momentum": 0.5,
+                             "weight-decay": 0.0005, "grad-clip": 0.0, "batch-size": 50}),
     "felo": Method("per-class mean features and logits up, their per-class averages down; "
                    "CE + alpha * (feature MSE + logit KL); same-architecture models averaged",
-                   Felo, FeloClient, shared_dim=True, settings=FeloSettings),
+                   Felo, FeloClient, shared_dim=True, settings=FeloSettings, recipe=_FELO),
     "velo": Method("Felo whose server trains a conditional VAE on the features and sends one "
                    "decoded feature per class", Velo, VeloClient, shared_dim=True,
-                   settings=VeloSettings),
+                   settings=VeloSettings, recipe=_FELO),
 }
 
 
@@ -91,22 +111,66 @@ def method_keys() -> dict[str, dataclasses.Field]:
     return keys
 
 
+def effective_settings(flat: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the run config with the chosen method's recipe in its layer, the layer of every shared
+    key): global defaults < recipe < preset < --set (``fedapp.config.resolve_layers``). Refuses
+    an unknown method or a bad value before any recipe is looked up."""
+    keys = method_keys()
+    parsed = parse_run_config(flat, method_keys=keys)  # bad keys and values first
+    unknown = [k for k in explicit_layers(parsed.explicit_settings)
+               if k not in SHARED_KEYS and k not in keys]
+    if unknown:
+        raise ConfigError(f"setting explicit-settings = {parsed.explicit_settings!r} is "
+                          f"invalid: {', '.join(unknown)} is not a setting.")
+    method = METHODS.get(parsed.method)
+    if method is None:
+        raise ConfigError(f"setting method = {parsed.method!r} is invalid: expected one of "
+                          + ", ".join(repr(m) for m in METHODS) + ".")
+    return resolve_layers(flat, parsed.method, method.recipe)
+
+
+def settings_report(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{"settings": {key: effective value}, "layers": {key: layer}}`` for every shared key and
+    the chosen method's own keys: what ``fedapp settings`` prints and ``config.json`` holds."""
+    effective, layers = effective_settings(flat)
+    method = effective.get("method", SHARED_KEYS["method"].default)
+    explicit = explicit_layers(str(effective.get("explicit-settings", "")))
+    values = {key: effective.get(key, f.default) for key, f in SHARED_KEYS.items()}
+    if METHODS[method].settings is not None:
+        for key, f in settings_keys(METHODS[method].settings, method).items():
+            values[key] = effective.get(key, f.default)
+            layers[key] = explicit.get(key) or ("config" if values[key] != f.default
+                                                else "default")
+    return {"settings": values, "layers": layers}
+
+
+def recipe_line(report: Mapping[str, Mapping[str, Any]]) -> str:
+    """The training recipe in force, in one line: every recipe key's effective value, and which
+    of them the run set itself (the first line a run prints)."""
+    values, layers = report["settings"], report["layers"]
+    method = values["method"]
+    used = "recipe" if values["recipe"] == "method" and METHODS[method].recipe else "defaults"
+    # Only what the optimizer in force reads: no momentum for Adam, no betas for SGD.
+    unused = {"sgd": ("adam-beta1", "adam-beta2"), "adam": ("momentum",)}[values["optimizer"]]
+    keys = [k for k in RECIPE_KEYS if k not in unused]
+    own = [f"{k} ({layers[k]})" for k in keys if layers[k] not in ("default", f"recipe {method}")]
+    return (f"training recipe: {method}'s {used} (docs/recipes.md): "
+            + ", ".join(f"{k} = {toml_value(values[k])}" for k in keys)
+            + (f"; set by this run: {', '.join(own)}" if own else ""))
+
+
 def load_config(flat: Mapping[str, Any]) -> RunConfig:
-    """Validate a whole flat run config, method constraints included (before any training).
+    """Validate a whole flat run config, method constraints included (before any training),
+    with the chosen method's recipe applied to the training settings the run left unset.
 
     Every method's section is checked, not only the chosen one's, so that a typo in a setting
     of another method is caught too; the chosen method's settings land in ``cfg.settings``."""
+    flat = effective_settings(flat)[0]
     cfg = parse_run_config(flat, method_keys=method_keys())
-    method = METHODS.get(cfg.method)
-    if method is None:
-        raise ConfigError(f"setting method = {cfg.method!r} is invalid: expected one of "
-                          + ", ".join(repr(m) for m in METHODS) + ".")
     sections = {name: parse_settings(m.settings, flat, name)
                 for name, m in METHODS.items() if m.settings is not None}
     cfg = dataclasses.replace(cfg, settings=sections.get(cfg.method))
-    resolve = getattr(cfg.settings, "resolve", None)
-    if resolve is not None:
-        cfg = resolve(cfg)  # a method that fixes a shared setting (FedClassAvg: d = 512)
+    method = METHODS[cfg.method]
     from fedapp.data.setup import architectures  # models import torch; keep this module light
     try:
         archs = architectures(cfg)

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -75,7 +76,7 @@ from fedapp.runtime.class_stats import ClassMeans, ClassSums, class_target_mse
 from fedapp.runtime.client_base import FedClient, load_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError, from_ndarrays, validate
 from fedapp.runtime.strategy_base import ClientInfo, Upload
-from fedapp.runtime.training import TrainStats, evaluate, make_optimizer, train_epochs
+from fedapp.runtime.training import TrainStats, evaluate, recipe_optimizer, train_epochs
 from fedapp.seeding import derive_seed
 from strategies.fedper import PerArchitectureExtractors, arrays_spec, extractor_arrays
 
@@ -225,8 +226,9 @@ def adapt_expert(arch: str, model: HeteroModel, extractor: Payload, x: torch.Ten
         # The extractor is frozen, so one pass of features serves every head epoch.
         head = model.head
         train_epochs(head, features, y, loss_fn=lambda z, t: F.cross_entropy(head(z), t),
-                     optimizer=make_optimizer(head.parameters(), cfg.optimizer, s.head_lr,
-                                              cfg.momentum, cfg.weight_decay),
+                     # Fresh every round whatever optimizer-state says: the head was just
+                     # re-initialised from the prototypes.
+                     optimizer=recipe_optimizer(head.parameters(), cfg, s.head_lr),
                      epochs=s.head_epochs, batch_size=cfg.batch_size, grad_clip=cfg.grad_clip,
                      generator=generator)
     anchors = torch.zeros(model.num_classes, model.feature_dim, device=features.device)
@@ -293,8 +295,9 @@ def compfl_loss(logits: torch.Tensor, z: torch.Tensor, y: torch.Tensor, expert: 
 
 def train_expert(expert: AdaptedExpert, x: torch.Tensor, y: torch.Tensor,
                  soft_targets: torch.Tensor | None, cfg: RunConfig,
-                 generator: torch.Generator) -> TrainStats:
-    """End-to-end training of the selected expert for ``local-epochs`` with the CompFL loss."""
+                 generator: torch.Generator, optimizer: torch.optim.Optimizer) -> TrainStats:
+    """End-to-end training of the selected expert for ``local-epochs`` (or ``local-steps``
+    mini-batches) with the CompFL loss."""
     model, s = expert.model, cfg.settings
 
     def loss_fn(idx: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -305,10 +308,9 @@ def train_expert(expert: AdaptedExpert, x: torch.Tensor, y: torch.Tensor,
     # train_epochs slices what it is given by mini-batch; giving it the sample indices lets
     # the loss look up each sample's soft target, computed once before training.
     return train_epochs(model, torch.arange(len(y), device=y.device), y, loss_fn=loss_fn,
-                        optimizer=make_optimizer(model.parameters(), cfg.optimizer, cfg.lr,
-                                                 cfg.momentum, cfg.weight_decay),
-                        epochs=cfg.local_epochs, batch_size=cfg.batch_size,
-                        grad_clip=cfg.grad_clip, generator=generator)
+                        optimizer=optimizer, epochs=cfg.local_epochs, steps=cfg.local_steps,
+                        batch_size=cfg.batch_size, grad_clip=cfg.grad_clip,
+                        generator=generator)
 
 
 @dataclass
@@ -324,7 +326,9 @@ class LocalUpdate:
 
 def local_round(models: dict[str, HeteroModel], received: dict[str, Payload], data: ClientData,
                 cfg: RunConfig, partition_id: int, server_round: int,
-                expert: str | None = None, progress_round: int | None = None) -> LocalUpdate:
+                expert: str | None = None, progress_round: int | None = None,
+                optimizer_for: Callable[[str, HeteroModel], torch.optim.Optimizer] | None = None
+                ) -> LocalUpdate:
     """One CompFL round of a client: adapt, evaluate, select, train, compute the upload.
 
     ``models`` holds the experts the client uses, smallest first and its own last (private
@@ -333,8 +337,10 @@ def local_round(models: dict[str, HeteroModel], received: dict[str, Payload], da
     last copies of the others the client has seen). ``expert`` names the expert to train
     (device to device: the one that arrived) instead of the epsilon-greedy choice;
     ``progress_round`` is the round that decides the KD warm-up when it is not
-    ``server_round`` (then the client's own update number). Experts absent from ``received``
-    are not adapted and teach nothing. The models are changed in place."""
+    ``server_round`` (then the client's own update number); ``optimizer_for(arch, model)``
+    gives the optimizer of the expert trained (default: a new one from the recipe). Experts
+    absent from ``received`` are not adapted and teach nothing. The models are changed in
+    place."""
     s: CompFLSettings = cfg.settings
     order = list(models)
     own = len(order) - 1
@@ -368,9 +374,11 @@ def local_round(models: dict[str, HeteroModel], received: dict[str, Payload], da
                              for j in teachers]
         soft_targets = ensemble_target(data.train_y, probabilities, weights,
                                        models[order[own]].num_classes)
+    optimizer_for = optimizer_for or (lambda _, m: recipe_optimizer(m.parameters(), cfg))
     stats = train_expert(adapted[chosen], data.train_x, data.train_y, soft_targets, cfg,
                          torch.Generator().manual_seed(derive_seed(
-                             cfg.seed, "batches", partition_id, server_round)))
+                             cfg.seed, "batches", partition_id, server_round)),
+                         optimizer_for(order[chosen], adapted[chosen].model))
     arch = order[chosen]
     trained = extractor_arrays(adapted[chosen].model)
     if s.upload == "delta":  # Delta = theta_{j,i}^{t+1} - theta~_j^t (Algorithm 1)
@@ -433,7 +441,10 @@ class CompFLClient(FedClient):
         self.update = local_round(
             {**self.smaller_experts, self.arch: self.model}, self.received, self.data, self.cfg,
             self.partition_id, server_round, expert=self.message["expert"] if visit else None,
-            progress_round=int(self.message["progress-round"]) if visit else None)
+            progress_round=int(self.message["progress-round"]) if visit else None,
+            # One optimizer per expert the client trains (kept with optimizer-state = "keep").
+            optimizer_for=lambda arch, model: self.optimizer(model.parameters(),
+                                                             f"expert-{arch}"))
         return self.update.stats
 
     def upload(self) -> Payload:

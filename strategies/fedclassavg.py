@@ -26,7 +26,6 @@ The ablation of the paper's Table 4 runs by configuration: ``contrastive = false
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -34,11 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedapp.config import ConfigError, opt
+from fedapp.config import opt
 from fedapp.data.augment import ViewAugment
 from fedapp.runtime.client_base import VERSION_KEY
 from fedapp.runtime.payload import Payload
-from fedapp.runtime.training import make_optimizer, train_epochs
+from fedapp.runtime.training import train_epochs
 from fedapp.seeding import derive_seed
 from strategies.lg_fedavg import LgFedAvg, LgFedAvgClient
 
@@ -75,9 +74,6 @@ class FedClassAvgSettings:
                                "after it ('post-relu')", choices=("pre-relu", "post-relu"))
     augment: bool = opt(True, "augment the views (random resized crop scale (0.2, 1), flip; "
                         "colour jitter for 3 channels); false = both views are the raw images")
-    adam_beta1: float = opt(0.5, "Adam beta1 (reference code 0.5) when optimizer = 'adam'",
-                            low=0.0, high=1.0)
-    adam_beta2: float = opt(0.999, "Adam beta2 when optimizer = 'adam'", low=0.0, high=1.0)
     warmup: bool = opt(False, "train local-epochs epochs with SupCon + CE before the first "
                        "round, as the reference code does (the paper says no warm-up)")
     diagnose: bool = opt(False, "diagnostics (not in the paper; they cost an extra backward "
@@ -86,20 +82,6 @@ class FedClassAvgSettings:
                          "(term-*-grad-*), and accuracy-ncm = nearest-class-mean accuracy of "
                          "the extractor's normalised features, the class means taken on the "
                          "client's training data; the training itself is unchanged")
-    feature_dim: int = opt(512, "d of the features and of the shared classifier Linear(d, C) "
-                           "(paper: 512 for every backbone); it replaces the shared "
-                           "feature-dim for this method, 0 = use feature-dim", low=0)
-
-    def resolve(self, cfg):
-        """The run config with this method's d (the shared default, 500, is FedGH's)."""
-        return dataclasses.replace(cfg, feature_dim=self.feature_dim) if self.feature_dim \
-            else cfg
-
-    def check(self, cfg) -> None:
-        if cfg.optimizer == "adam" and not (self.adam_beta1 < 1 and self.adam_beta2 < 1):
-            raise ConfigError(
-                f"settings fedclassavg.adam-beta1 = {self.adam_beta1} and adam-beta2 = "
-                f"{self.adam_beta2} are invalid: Adam needs both betas < 1.")
 
 
 # -- losses -------------------------------------------------------------------------------------
@@ -184,11 +166,6 @@ class FedClassAvgClient(LgFedAvgClient):
                      batch_size=self.cfg.batch_size, grad_clip=self.cfg.grad_clip,
                      generator=torch.Generator().manual_seed(
                          derive_seed(self.cfg.seed, "warmup", self.partition_id)))
-
-    def optimizer(self) -> torch.optim.Optimizer:
-        c, s = self.cfg, self.cfg.settings
-        return make_optimizer(self.model.parameters(), c.optimizer, c.lr, c.momentum,
-                              c.weight_decay, betas=(s.adam_beta1, s.adam_beta2))
 
     def _supcon_extractor(self) -> nn.Module:
         extractor = self.model.extractor

@@ -15,8 +15,10 @@ the paper and the code: ``all`` (every vector ever received counts equally: the 
 ``running-mean`` (the code: every ``collapse-every`` uploads the past collapses into one vote, so
 recent uploads dominate) and ``latest-per-client`` (each client's newest vector only).
 
-Rounds here are synchronous: a round is one upload per sampled client, and the paper's client
-update of three random mini-batches is ``fedhe.local-batches = 3`` (0 = ``local-epochs`` passes).
+Rounds here are synchronous (``server-loop = "async"`` drops the barrier): a round is one upload
+per sampled client. The paper's client update of three random mini-batches of 50 with Adam
+(1e-3), one optimizer kept for the client's whole run as the authors' code does, is the method's
+recipe (``local-steps = 3``, ``optimizer-state = "keep"``; docs/recipes.md).
 """
 
 from __future__ import annotations
@@ -47,8 +49,6 @@ class FedHeSettings:
                        "'latest-per-client'", choices=("all", "running-mean", "latest-per-client"))
     collapse_every: int = opt(0, "running-mean: uploads between collapses (0 = 10 x num-clients)",
                               low=0)
-    local_batches: int = opt(3, "mini-batches per client update (paper: 3; 0 = local-epochs "
-                             "full passes)", low=0)
 
 
 class FedHeClient(FedClient):
@@ -63,9 +63,6 @@ class FedHeClient(FedClient):
             self.class_logits[labels] = torch.from_numpy(payload["logits"]).to(self.device)
             self.has_logits[labels] = True
         self.logit_sums = ClassSums(c)
-
-    def local_steps(self) -> int:
-        return self.cfg.settings.local_batches
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         logits = self.model(x)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from fedapp.config import opt
-from fedapp.runtime.training import TrainStats, make_optimizer, train_epochs
+from fedapp.runtime.training import TrainStats, train_epochs
 from strategies.fedper import FedPer, FedPerClient
 
 
@@ -44,17 +44,18 @@ class FedRepClient(FedPerClient):
         c, model = self.cfg, self.model
         model.extractor.requires_grad_(False)
         train_epochs(model, self.data.train_x, self.data.train_y, loss_fn=self.loss,
-                     optimizer=make_optimizer(model.head.parameters(), c.optimizer, c.lr,
-                                              c.momentum, c.weight_decay),
+                     optimizer=super().optimizer(model.head.parameters(), "head"),
                      epochs=c.settings.head_epochs, batch_size=c.batch_size,
                      grad_clip=c.grad_clip,
                      generator=self.batch_generator(server_round, "fedrep-head"))
         model.extractor.requires_grad_(True)
 
-    def optimizer(self) -> torch.optim.Optimizer:
-        c = self.cfg
-        return make_optimizer(self.model.extractor.parameters(), c.optimizer, c.lr, c.momentum,
-                              c.weight_decay)
+    def optimizer(self, params=None, name: str = "model", lr: float | None = None
+                  ) -> torch.optim.Optimizer:
+        # The base's training is the extractor phase: its optimizer holds the extractor only.
+        if params is None:
+            params, name = self.model.extractor.parameters(), "extractor"
+        return super().optimizer(params, name, lr)
 
 
 class FedRep(FedPer):

@@ -32,8 +32,9 @@ Deliberate choices where paper and code differ or are silent (see docs/felo.md):
   architecture (``new_model``), sent in round 1 as FedAvg sends its initial model;
 - the server's tables are plain means over the history entries (no sample-count weighting:
   the paper states none); the code averages features over its FIFO buffers too;
-- warm-up and the local update (``local-batches`` = 10 mini-batches, the code's
-  ``clients_training_epoch``) follow the code; alpha = 0.5 is the code's (paper: none given);
+- warm-up and the local update (the recipe's ``local-steps = 10`` mini-batches of 50 with Adam
+  1e-3, the code's ``clients_training_epoch``) follow the code; alpha = 0.5 is the code's
+  (paper: none given);
 - rounds are synchronous with client sampling (paper); the code simulates asynchrony.
 """
 
@@ -75,8 +76,6 @@ class FeloSettings:
     warmup_fraction: float = opt(0.05, "first fraction of num-server-rounds trained with CE "
                                  "only, the server sending no tables (code: 5 % of the "
                                  "iterations)", low=0.0, high=1.0)
-    local_batches: int = opt(10, "mini-batches per client update (code: 10; 0 = local-epochs "
-                             "full passes)", low=0)
     group_avg: bool = opt(True, "FedAvg within each architecture group, weighted by n_k "
                           "(paper Sec. 3.1.2; false = the released code, which skips it)")
     history: str = opt("fifo", "server store per class: 'fifo' (the last history-size entries "
@@ -120,9 +119,6 @@ class FeloClient(FedClient):
         # Only with eval-model = "group" does the server send anything for evaluation.
         load_arrays(self.model, model_part(payload))
         return bool(payload)
-
-    def local_steps(self) -> int:
-        return self.cfg.settings.local_batches
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         features = self.model.features(x)                 # g(x)

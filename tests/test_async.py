@@ -108,7 +108,7 @@ def run_config(**overrides) -> dict:
     flat.update({"method": "fedhe", "dataset": "synthetic", "synthetic-train": 240,
                  "synthetic-test": 90, "num-clients": 4, "num-server-rounds": 3,
                  "max-samples-per-client": 0, "arch-mix": "cnn1,cnn2", "model-width": 0.25,
-                 "server-loop": "async", "fedhe.local-batches": 2, "batch-size": 16})
+                 "server-loop": "async", "local-steps": 2, "batch-size": 16})
     flat.update({k.replace("_", "-"): v for k, v in overrides.items()})
     return flat
 

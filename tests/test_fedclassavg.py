@@ -40,7 +40,7 @@ def _client(pid=0, **overrides):
 def test_classifier_of_5130_floats_each_way_and_weighted_average(rng, tmp_path):
     recorder = Recorder(tmp_path / "run", method="fedclassavg", dataset="fmnist", num_clients=3,
                         num_rounds=1, config={}, partition={})
-    # The shared default feature-dim (500, FedGH's) is replaced by the paper's 512.
+    # The shared default feature-dim (500, FedGH's) is replaced by the recipe's 512 (paper).
     counts = [30, 60, 210]
     strategy = make_strategy("fedclassavg", recorder, num_clients=3, arch_mix="cnn3,cnn4,cnn5",
                              sizes=counts)
@@ -219,7 +219,7 @@ def test_supcon_reads_the_features_before_the_classifiers_relu():
     torch.testing.assert_close(client.model.head(F.relu(pre)), client.model(x))
 
 
-def test_adam_uses_the_reference_betas():
+def test_adam_uses_the_reference_betas_from_the_recipe():
     opt = _client().optimizer()
     assert isinstance(opt, torch.optim.Adam) and opt.param_groups[0]["betas"] == (0.5, 0.999)
 
@@ -246,7 +246,7 @@ def test_bad_settings_are_refused_with_the_key_named(key, value):
 
 def test_adam_betas_must_be_below_one():
     with pytest.raises(ConfigError, match="adam-beta1"):
-        load_config({"method": "fedclassavg", "optimizer": "adam", "fedclassavg.adam-beta1": 1.0})
+        load_config({"method": "fedclassavg", "optimizer": "adam", "adam-beta1": 1.0})
 
 
 # -- augmentations --------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ def test_110_numbers_each_way_from_the_encoded_payloads(tmp_path):
     recorder = Recorder(tmp_path / "run", method="fedhe", dataset="synthetic", num_clients=3,
                         num_rounds=2, config={}, partition={})
     fed = InProcessFederation("fedhe", recorder=recorder, **SMALL,
-                              **{"fedhe.local-batches": 0})  # a full pass sees every class
+                              local_steps=0)  # a full pass sees every class
     for rnd in (1, 2):
         fed.fit_round(rnd)
         fed.evaluate_round(rnd)
@@ -52,7 +52,7 @@ def test_cold_start_is_plain_cross_entropy_and_uploads_plus_one_averages():
 
 
 def test_paper_update_is_three_mini_batches():
-    fed = InProcessFederation("fedhe", **SMALL)  # fedhe.local-batches = 3 by default
+    fed = InProcessFederation("fedhe", **SMALL)  # the recipe: local-steps = 3
     _, n, metrics = fed.client(1).fit([], {"server-round": 1})
     assert metrics["train-samples"] == 3 * 50
 

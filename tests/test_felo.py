@@ -28,7 +28,7 @@ SMALL = dict(dataset="synthetic", synthetic_train=450, synthetic_test=90, num_cl
 
 
 def full_pass(method, **more):
-    return {f"{method}.local-batches": 0, **{f"{method}.{k}": v for k, v in more.items()}}
+    return {"local-steps": 0, **{f"{method}.{k}": v for k, v in more.items()}}
 
 
 @contextlib.contextmanager

@@ -34,8 +34,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     compare.add_argument("runs", nargs="+", help="run folders (each with a summary.json)")
     compare.add_argument("--output", default="compare.png", help="plot path")
     compare.set_defaults(func=run.cmd_compare)
-    sub.add_parser("settings", help="list every setting with its default").set_defaults(
-        func=run.cmd_settings)
+    settings = sub.add_parser("settings", help="every setting's effective value and where it "
+                              "comes from (default, the method's recipe, a preset, --set)")
+    settings.add_argument("preset", nargs="?", default=None,
+                          help="a preset name in conf/ or a .toml path")
+    settings.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                          help='a setting as fedapp run takes it (--set method="fedhe")')
+    settings.set_defaults(func=run.cmd_settings)
     sub.add_parser("methods", help="list the methods").set_defaults(func=run.cmd_methods)
     sub.add_parser("models", help="list the architectures").set_defaults(func=run.cmd_models)
     deploy.add_parser(sub)

@@ -22,28 +22,28 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from fedapp.cli.flower import BIN, LocalSuperLink, run_status, stream_run
-from fedapp.config import (PROJECT_ROOT, SHARED_KEYS, ConfigError, parse_override,
-                           pyproject_defaults, read_preset, resolve_preset)
+from fedapp.config import (PROJECT_ROOT, SHARED_KEYS, ConfigError, explicit_layers, format_explicit,
+                           parse_override, pyproject_defaults, read_preset, resolve_preset,
+                           toml_value)
 from fedapp.runtime.results import format_accuracy, human_bytes, plot_runs
 
 
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    return repr(value)
-
-
-def resolve_settings(preset: str | None, overrides: Sequence[str]) -> tuple[dict, dict]:
-    """(all settings, the ones that differ from pyproject's defaults) after preset and --set."""
+def resolve_settings(preset: str | None, overrides: Sequence[str],
+                     variant: Sequence[tuple[str, Any]] = ()) -> tuple[dict, dict]:
+    """(all settings, the ones the run sets: the preset's, then ``--set`` and the sweep
+    ``variant``). ``explicit-settings`` names them with their layer, so that the method's
+    recipe, applied wherever the settings are read, never replaces what the run set."""
     defaults = pyproject_defaults()
     changed: dict[str, Any] = {}
+    layers: dict[str, str] = {}
     if preset:
         changed.update(read_preset(resolve_preset(preset)))
-    for text in overrides:
-        key, value = parse_override(text)
-        changed[key] = value
+        layers.update(dict.fromkeys(changed, "preset"))
+    for key, value in [parse_override(text) for text in overrides] + list(variant):
+        changed[key], layers[key] = value, "set"
+    layers.update(explicit_layers(str(changed.get("explicit-settings", ""))))
+    layers.pop("explicit-settings", None)
+    changed["explicit-settings"] = format_explicit(layers)
     return {**defaults, **changed}, changed
 
 
@@ -57,6 +57,7 @@ def resume_settings(run_dir: Path, args: argparse.Namespace) -> tuple[dict, dict
         saved = json.loads((run_dir / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"--resume {run_dir}: not a run folder ({exc})") from None
+    saved = saved.get("settings", saved)  # older runs wrote the flat settings alone
     defaults = pyproject_defaults()
     flat = {**defaults, **saved, "resume": True,
             "output-dir": str(run_dir.resolve().parent), "run-name": run_dir.resolve().name}
@@ -76,9 +77,7 @@ def resolve_run(args: argparse.Namespace, *, check_data: bool = True,
     if getattr(args, "resume", None):
         flat, changed = resume_settings(Path(args.resume), args)
     else:
-        flat, changed = resolve_settings(args.preset, args.set)
-    for key, value in variant:
-        flat[key] = changed[key] = value
+        flat, changed = resolve_settings(args.preset, args.set, variant)
     output_dir = Path(args.output_dir or flat["output-dir"] or "results").expanduser()
     flat["output-dir"] = changed["output-dir"] = str(output_dir.resolve())
     if not flat["run-name"]:
@@ -256,18 +255,36 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+LAYER_NAMES = {"set": "--set", "preset": "preset", "config": "run config"}
+
+
 def cmd_settings(args: argparse.Namespace) -> int:
-    from strategies import method_keys
+    """Every setting's effective value for ``[PRESET] [--set ...]`` and where it came from."""
+    from strategies import METHODS, method_keys, settings_report
+    try:
+        report = settings_report(resolve_settings(args.preset, args.set)[0])
+    except (ConfigError, OSError) as exc:
+        print(f"fedapp: {exc}", file=sys.stderr)
+        return 2
+    values, layers = report["settings"], report["layers"]
+    method, fields = values["method"], {**SHARED_KEYS, **method_keys()}
+    print("# effective settings; [where each value comes from]: default, recipe <method> "
+          "(docs/recipes.md), preset, --set")
+    own = [k for k in values if k not in SHARED_KEYS]
+    for key in list(SHARED_KEYS) + own:
+        if own and key == own[0]:
+            print(f"\n# {method}'s own settings")
+        print(f"{key} = {toml_value(values[key])}    "
+              f"# [{LAYER_NAMES.get(layers[key], layers[key])}] {fields[key].metadata['help']}")
     defaults = pyproject_defaults()
-    print("# shared settings")
-    for key, f in SHARED_KEYS.items():
-        print(f"{key} = {toml_value(defaults.get(key, f.default))}    # {f.metadata['help']}")
-    section = None
-    for key, f in method_keys().items():
-        if key.split(".", 1)[0] != section:
-            section = key.split(".", 1)[0]
-            print(f"\n# {section}'s own settings (used when method = \"{section}\")")
-        print(f"{key} = {toml_value(defaults.get(key, f.default))}    # {f.metadata['help']}")
+    for name, m in METHODS.items():
+        if name == method or m.settings is None:
+            continue
+        print(f"\n# {name}'s own settings (used when method = \"{name}\")")
+        for key, f in fields.items():
+            if key.startswith(f"{name}."):
+                print(f"{key} = {toml_value(defaults.get(key, f.default))}    "
+                      f"# {f.metadata['help']}")
     return 0
 
 

@@ -13,7 +13,7 @@ import functools
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -28,12 +28,17 @@ from fedapp.data.partitions import ClientData, load_client_data
 from fedapp.runtime import checkpoint
 from fedapp.runtime.payload import Payload, from_ndarrays, to_ndarrays
 from fedapp.runtime.speeds import has_stragglers, update_duration
-from fedapp.runtime.training import TrainStats, evaluate, make_optimizer, pick_device, train_epochs
+from fedapp.runtime.training import (TrainStats, evaluate, pick_device, recipe_optimizer,
+                                     train_epochs)
 from fedapp.seeding import derive_seed, isolated_rng
 
 MODEL_STATE_KEY = "fedapp.model"
 VERSION_KEY = "fedapp.model-version"
 ROUND_KEY = "fedapp.round"  # the round after which context.state was last saved
+# With optimizer-state = "keep": each named optimizer's state (momentum buffers, Adam's moments
+# and step), kept beside the private model wherever context.state goes (memory, the idle file
+# of client-state = "disk", checkpoints, a SuperNode's state-dir), and never sent.
+OPTIMIZER_STATE_KEY = "fedapp.optimizer.{name}"
 # Built models kept per process: rebuilding (and re-initialising) a model for every message
 # costs more than a round of training on small shards. A cached model is used as it is only
 # when its version matches the one saved in context.state; otherwise the state is loaded into
@@ -72,6 +77,27 @@ def load_arrays(model: torch.nn.Module, arrays: Mapping[str, np.ndarray]) -> Non
             target = state[name]
             target.copy_(torch.from_numpy(np.asarray(value)).reshape(target.shape)
                          .to(target.dtype))
+
+
+def optimizer_state_arrays(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """An optimizer's per-parameter state as named CPU tensors (``"3.exp_avg"``: parameter 3
+    of its groups in order). Hyperparameters are not kept: they come from the run config."""
+    return {f"{index}.{key}": torch.as_tensor(value).detach().cpu().clone()
+            for index, entries in optimizer.state_dict()["state"].items()
+            for key, value in entries.items() if value is not None}
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer,
+                         arrays: Mapping[str, torch.Tensor]) -> None:
+    """The inverse of :func:`optimizer_state_arrays`, into an optimizer built over the same
+    parameters in the same order."""
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in arrays.items():
+        index, key = name.split(".", 1)
+        # A 0-d value (Adam's step) may come back from a message or a file as shape (1,).
+        state.setdefault(int(index), {})[key] = value.reshape(()) if key == "step" else value
+    optimizer.load_state_dict({"state": state,
+                               "param_groups": optimizer.state_dict()["param_groups"]})
 
 
 @functools.lru_cache(maxsize=4)
@@ -127,6 +153,8 @@ class FedClient(NumPyClient):
         self.state_dir = (str(Path(str(node["state-dir"])) / cfg.run_name)
                           if node.get("state-dir") else "")
         self.arch = setup.architectures(cfg)[self.partition_id]
+        # The optimizers this message uses whose state lives on (optimizer-state = "keep").
+        self._kept_optimizers: dict[str, torch.optim.Optimizer] = {}
 
     # Data and model are loaded on first use, so that answering the server's "who are you?"
     # (get_properties) costs nothing.
@@ -203,8 +231,8 @@ class FedClient(NumPyClient):
         return None
 
     def local_steps(self) -> int:
-        """Mini-batches per round; 0 = ``local-epochs`` full passes (every paper but FedHe)."""
-        return 0
+        """Mini-batches per update (``local-steps``); 0 = ``local-epochs`` full passes."""
+        return self.cfg.local_steps
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The local training objective on one mini-batch (default: cross-entropy)."""
@@ -233,11 +261,31 @@ class FedClient(NumPyClient):
         """Metrics a method adds to the training reply (default: none)."""
         return {}
 
-    def optimizer(self) -> torch.optim.Optimizer:
-        """The local optimizer, fresh every round as in the papers' code."""
+    def optimizer(self, params: Iterable[torch.nn.Parameter] | None = None, name: str = "model",
+                  lr: float | None = None) -> torch.optim.Optimizer:
+        """The local optimizer over ``params`` (default: the whole private model), as the run's
+        recipe says (``optimizer``, ``lr``, ...; ``lr`` replaces the recipe's, e.g. a head
+        phase at its own rate).
+
+        ``optimizer-state = "fresh"`` builds a new one for every message. ``"keep"`` gives one
+        optimizer per ``name`` for the client's whole life: within a message the same object,
+        across messages its state restored from ``context.state``, where :meth:`save_state`
+        puts it after training — the authors' code of FedHe, for one, keeps one Adam per
+        client for the whole run, and a fresh Adam over 3 mini-batches moves every weight by
+        about lr * sign(gradient). A method with several optimizers gives each its own name,
+        over the same parameters in the same order every message."""
         c = self.cfg
-        return make_optimizer(self.model.parameters(), c.optimizer, c.lr, c.momentum,
-                              c.weight_decay)
+        kept = self._kept_optimizers
+        if name in kept:
+            return kept[name]
+        optimizer = recipe_optimizer(self.model.parameters() if params is None else params, c,
+                                     lr)
+        if c.optimizer_state == "keep":
+            record = self.context.state.get(OPTIMIZER_STATE_KEY.format(name=name))
+            if record is not None:
+                load_optimizer_state(optimizer, record.to_torch_state_dict())
+            kept[name] = optimizer
+        return optimizer
 
     # -- the Flower side -----------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
@@ -348,6 +396,9 @@ class FedClient(NumPyClient):
         version = (int(state[VERSION_KEY]["version"]) if VERSION_KEY in state else 0) + 1
         state[MODEL_STATE_KEY] = ArrayRecord(
             torch_state_dict={k: v.detach().cpu() for k, v in self.model.state_dict().items()})
+        for name, optimizer in self._kept_optimizers.items():
+            state[OPTIMIZER_STATE_KEY.format(name=name)] = ArrayRecord(
+                torch_state_dict=optimizer_state_arrays(optimizer))
         state[VERSION_KEY] = ConfigRecord({"version": version})
         state[ROUND_KEY] = ConfigRecord({"round": server_round})
         if self.state_dir and self.cfg.checkpoint_every:

@@ -1,6 +1,7 @@
 """Everything a run writes: one folder per run under the absolute ``output-dir``.
 
-``config.json`` (the resolved settings), ``partition.json`` (per-client class counts),
+``config.json`` (every effective setting, ``settings``, and the layer it came from, ``layers``:
+default, the method's recipe, a preset, --set), ``partition.json`` (per-client class counts),
 ``rounds.jsonl`` (one line per round, appended as the run goes, so a crashed run keeps its
 history), ``summary.json`` and ``accuracy.png``; the asynchronous loop adds ``updates.jsonl``
 (one line per client update) and ``timeline.png``.

@@ -50,6 +50,14 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], name: str, lr: float, m
     raise ValueError(f"unknown optimizer {name!r}")
 
 
+def recipe_optimizer(params: Iterable[torch.nn.Parameter], cfg, lr: float | None = None
+                     ) -> torch.optim.Optimizer:
+    """A new optimizer over ``params`` as the run config's recipe says (``optimizer``, ``lr``
+    unless given, ``momentum``, the Adam betas, ``weight-decay``)."""
+    return make_optimizer(params, cfg.optimizer, cfg.lr if lr is None else lr, cfg.momentum,
+                          cfg.weight_decay, betas=(cfg.adam_beta1, cfg.adam_beta2))
+
+
 @dataclass
 class TrainStats:
     """What one local training call did."""
