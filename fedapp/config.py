@@ -106,6 +106,14 @@ class RunConfig:
     adam_beta2: float = _opt(0.999, "Adam beta2 (optimizer = 'adam')", low=0.0, high=1.0)
     weight_decay: float = _opt(0.001, "L2 weight decay", low=0.0)
     grad_clip: float = _opt(50.0, "gradient-norm clipping (0 = off)", low=0.0)
+    lr_decay_at: str = _opt(
+        "", "fractions of num-server-rounds after which the learning rate is multiplied by "
+        "lr-decay, comma-separated (Felo's code: '0.5' on Fashion-MNIST); '' = constant")
+    lr_decay: float = _opt(0.1, "factor applied to the learning rate at each lr-decay-at",
+                           low=0.0, high=1.0, low_open=True)
+    drop_last: bool = _opt(False, "leave out the short last mini-batch of each pass (as "
+                           "FedClassAvg's and FedProto's code do; a pass shorter than one "
+                           "batch still trains on it)")
     optimizer_state: str = _opt(
         "fresh", "lifetime of a client's optimizer state (momentum buffers, Adam's moments): "
         "'fresh' = a new optimizer for every message, 'keep' = one optimizer for the "
@@ -235,6 +243,18 @@ class RunConfig:
         return [a.strip() for a in self.arch_mix.split(",") if a.strip()]
 
     @property
+    def lr_decay_fractions(self) -> list[float]:
+        """``lr-decay-at`` as a list of fractions (validated by parse_run_config)."""
+        return [float(f) for f in self.lr_decay_at.split(",") if f.strip()]
+
+    def lr_factor(self, server_round: int) -> float:
+        """What the learning rate is multiplied by in ``server_round``: ``lr-decay`` for each
+        milestone of ``lr-decay-at`` the run has passed (Felo's MultiStepLR, driven by the
+        round as the code drives it by the server's iterations)."""
+        passed = sum(server_round > f * self.num_server_rounds for f in self.lr_decay_fractions)
+        return self.lr_decay ** passed
+
+    @property
     def partition_owners(self) -> dict[int, str]:
         """``partition-nodes`` as {partition id: node id} (validated by parse_run_config)."""
         owners = {}
@@ -283,8 +303,8 @@ SHARED_KEYS = settings_keys(RunConfig)
 # --set. A recipe (``strategies.Method.recipe``) may give only these shared keys: how a client
 # trains, as its method's authors train it.
 RECIPE_KEYS = ("optimizer", "lr", "momentum", "adam-beta1", "adam-beta2", "weight-decay",
-               "grad-clip", "optimizer-state", "batch-size", "local-epochs", "local-steps",
-               "feature-dim")
+               "grad-clip", "lr-decay-at", "lr-decay", "optimizer-state", "batch-size",
+               "drop-last", "local-epochs", "local-steps", "feature-dim")
 # Settings that became shared recipe keys: a preset that still names one is told where it went.
 MOVED_KEYS = {f"{m}.local-batches": "local-steps" for m in ("fedhe", "felo", "velo")} | {
     "fedclassavg.adam-beta1": "adam-beta1", "fedclassavg.adam-beta2": "adam-beta2",
@@ -454,6 +474,13 @@ def _check_cross_field(cfg: RunConfig) -> None:
         raise ConfigError("setting client-state = 'disk' is invalid with checkpoint-every / "
                           "resume: a resumed client must start from its checkpoint, not from "
                           "its newer idle file; use client-state = 'memory' with checkpoints.")
+    try:
+        if any(not 0 < f < 1 for f in cfg.lr_decay_fractions):
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"setting lr-decay-at = {cfg.lr_decay_at!r} is invalid: expected "
+                          "fractions of the run between 0 and 1, comma-separated, e.g. "
+                          "'0.5' or '0.4,0.7'.") from None
     if cfg.optimizer == "adam" and not (cfg.adam_beta1 < 1 and cfg.adam_beta2 < 1):
         raise ConfigError(f"settings adam-beta1 = {cfg.adam_beta1} and adam-beta2 = "
                           f"{cfg.adam_beta2} are invalid: Adam needs both betas < 1.")

@@ -76,7 +76,7 @@ from fedapp.runtime.class_stats import ClassMeans, ClassSums, class_target_mse
 from fedapp.runtime.client_base import FedClient, load_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError, from_ndarrays, validate
 from fedapp.runtime.strategy_base import ClientInfo, Upload
-from fedapp.runtime.training import TrainStats, evaluate, recipe_optimizer, train_epochs
+from fedapp.runtime.training import TrainStats, evaluate, recipe_optimizer, train_recipe
 from fedapp.seeding import derive_seed
 from strategies.fedper import PerArchitectureExtractors, arrays_spec, extractor_arrays
 
@@ -225,12 +225,11 @@ def adapt_expert(arch: str, model: HeteroModel, extractor: Payload, x: torch.Ten
     if s.head_epochs:
         # The extractor is frozen, so one pass of features serves every head epoch.
         head = model.head
-        train_epochs(head, features, y, loss_fn=lambda z, t: F.cross_entropy(head(z), t),
+        train_recipe(head, features, y, loss_fn=lambda z, t: F.cross_entropy(head(z), t),
                      # Fresh every round whatever optimizer-state says: the head was just
                      # re-initialised from the prototypes.
-                     optimizer=recipe_optimizer(head.parameters(), cfg, s.head_lr),
-                     epochs=s.head_epochs, batch_size=cfg.batch_size, grad_clip=cfg.grad_clip,
-                     generator=generator)
+                     optimizer=recipe_optimizer(head.parameters(), cfg, s.head_lr), cfg=cfg,
+                     epochs=s.head_epochs, generator=generator)
     anchors = torch.zeros(model.num_classes, model.feature_dim, device=features.device)
     has_anchor = torch.zeros(model.num_classes, dtype=torch.bool, device=features.device)
     if len(prototypes.labels):
@@ -305,12 +304,10 @@ def train_expert(expert: AdaptedExpert, x: torch.Tensor, y: torch.Tensor,
         return compfl_loss(model.head(z), z, target, expert,
                            None if soft_targets is None else soft_targets[idx], s)
 
-    # train_epochs slices what it is given by mini-batch; giving it the sample indices lets
+    # train_recipe slices what it is given by mini-batch; giving it the sample indices lets
     # the loss look up each sample's soft target, computed once before training.
-    return train_epochs(model, torch.arange(len(y), device=y.device), y, loss_fn=loss_fn,
-                        optimizer=optimizer, epochs=cfg.local_epochs, steps=cfg.local_steps,
-                        batch_size=cfg.batch_size, grad_clip=cfg.grad_clip,
-                        generator=generator)
+    return train_recipe(model, torch.arange(len(y), device=y.device), y, loss_fn=loss_fn,
+                        optimizer=optimizer, cfg=cfg, generator=generator)
 
 
 @dataclass

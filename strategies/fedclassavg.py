@@ -37,7 +37,7 @@ from fedapp.config import opt
 from fedapp.data.augment import ViewAugment
 from fedapp.runtime.client_base import VERSION_KEY
 from fedapp.runtime.payload import Payload
-from fedapp.runtime.training import train_epochs
+from fedapp.runtime.training import train_recipe
 from fedapp.seeding import derive_seed
 from strategies.lg_fedavg import LgFedAvg, LgFedAvgClient
 
@@ -161,9 +161,8 @@ class FedClassAvgClient(LgFedAvgClient):
         """The reference code's local pre-training before round 1: SupCon + CE, no proximal
         term (there is no global classifier yet)."""
         self.global_classifier, self._batch = None, 0
-        train_epochs(self.model, self.data.train_x, self.data.train_y, loss_fn=self.loss,
-                     optimizer=self.optimizer(), epochs=self.cfg.local_epochs,
-                     batch_size=self.cfg.batch_size, grad_clip=self.cfg.grad_clip,
+        train_recipe(self.model, self.data.train_x, self.data.train_y, loss_fn=self.loss,
+                     optimizer=self.optimizer(), cfg=self.cfg, epochs=self.cfg.local_epochs,
                      generator=torch.Generator().manual_seed(
                          derive_seed(self.cfg.seed, "warmup", self.partition_id)))
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from fedapp.config import opt
-from fedapp.runtime.training import TrainStats, train_epochs
+from fedapp.runtime.training import TrainStats, train_recipe
 from strategies.fedper import FedPer, FedPerClient
 
 
@@ -43,10 +43,9 @@ class FedRepClient(FedPerClient):
         """``fedrep.head-epochs`` epochs of the head, the installed extractor frozen."""
         c, model = self.cfg, self.model
         model.extractor.requires_grad_(False)
-        train_epochs(model, self.data.train_x, self.data.train_y, loss_fn=self.loss,
-                     optimizer=super().optimizer(model.head.parameters(), "head"),
-                     epochs=c.settings.head_epochs, batch_size=c.batch_size,
-                     grad_clip=c.grad_clip,
+        train_recipe(model, self.data.train_x, self.data.train_y, loss_fn=self.loss,
+                     optimizer=super().optimizer(model.head.parameters(), "head"), cfg=c,
+                     epochs=c.settings.head_epochs,
                      generator=self.batch_generator(server_round, "fedrep-head"))
         model.extractor.requires_grad_(True)
 

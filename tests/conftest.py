@@ -32,8 +32,11 @@ class FakeProxy(ClientProxy):
 
 
 def cfg_of(**overrides):
-    """A validated RunConfig from keyword overrides (underscores for dashes)."""
-    return load_config({k.replace("_", "-"): v for k, v in overrides.items()})
+    """A validated RunConfig from keyword overrides (underscores for dashes), each set as
+    ``--set`` sets it: the method's recipe fills only the training settings not given."""
+    flat = {k.replace("_", "-"): v for k, v in overrides.items()}
+    flat["explicit-settings"] = ",".join(f"{k}=set" for k in flat)
+    return load_config(flat)
 
 
 def make_strategy(method, recorder=None, input_shape=(1, 28, 28), num_classes=10, sizes=None,

@@ -227,7 +227,7 @@ def test_adam_uses_the_reference_betas_from_the_recipe():
 def test_warm_up_trains_once_before_the_first_round(monkeypatch):
     client = _client(**{"fedclassavg.warmup": True})
     calls = []
-    monkeypatch.setattr(fca, "train_epochs", lambda *a, **k: calls.append(k["epochs"]))
+    monkeypatch.setattr(fca, "train_recipe", lambda *a, **k: calls.append(k["epochs"]))
     client.receive({k: v.numpy() for k, v in client.model.head_state().items()}, 1)
     assert calls == [1]
     client.save_state(1)  # as fit does; the client has trained from now on

@@ -205,3 +205,28 @@ def test_config_json_records_every_setting_and_its_layer(tmp_path):
     assert saved["layers"]["lr"] == "set" and saved["settings"]["lr"] == 0.002
     assert saved["layers"]["num-server-rounds"] == "preset"
     assert saved["layers"]["momentum"] == "default"
+
+
+def test_the_learning_rate_schedule_follows_the_round_and_reaches_kept_optimizers(tmp_path):
+    cfg = load_config({"method": "felo", "num-server-rounds": 10})
+    assert (cfg.lr_decay_at, cfg.optimizer_state) == ("0.5", "keep")  # Felo's recipe
+    assert [cfg.lr_factor(r) for r in (1, 5, 6, 10)] == [1, 1, 0.1, 0.1]
+    fed = _federation(tmp_path, "decay", optimizer_state="keep", lr_decay_at="0.4,0.7",
+                      num_server_rounds=3)
+    client = fed.client(0)
+    client.message = {"server-round": 2}
+    assert client.optimizer().param_groups[0]["lr"] == pytest.approx(0.003 * 0.1)
+    with pytest.raises(ConfigError, match="lr-decay-at"):
+        load_config({"lr-decay-at": "0.5,1.5"})
+
+
+def test_drop_last_leaves_out_the_short_batch_of_a_pass():
+    from fedapp.runtime.training import _batches
+    sizes = [len(b) for b in _batches(10, 4, 2, 0, torch.Generator().manual_seed(0),
+                                      torch.device("cpu"), drop_last=True)]
+    assert sizes == [4, 4, 4, 4]
+    sizes = [len(b) for b in _batches(10, 4, 1, 0, torch.Generator().manual_seed(0),
+                                      torch.device("cpu"))]
+    assert sizes == [4, 4, 2]
+    assert [len(b) for b in _batches(3, 4, 1, 0, torch.Generator(), torch.device("cpu"),
+                                     drop_last=True)] == [3]  # a pass shorter than a batch

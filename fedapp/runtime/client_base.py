@@ -29,7 +29,7 @@ from fedapp.runtime import checkpoint
 from fedapp.runtime.payload import Payload, from_ndarrays, to_ndarrays
 from fedapp.runtime.speeds import has_stragglers, update_duration
 from fedapp.runtime.training import (TrainStats, evaluate, pick_device, recipe_optimizer,
-                                     train_epochs)
+                                     train_recipe)
 from fedapp.seeding import derive_seed, isolated_rng
 
 MODEL_STATE_KEY = "fedapp.model"
@@ -242,11 +242,10 @@ class FedClient(NumPyClient):
         """The round's local training (default: ``local-epochs`` passes, or
         :meth:`local_steps` mini-batches, of :meth:`loss` on the private model). A method that
         trains in phases or another module than ``self.model`` replaces this, not ``fit``."""
-        return train_epochs(
-            self.model, self.data.train_x, self.data.train_y, loss_fn=self.loss,
-            optimizer=self.optimizer(), epochs=self.cfg.local_epochs, steps=self.local_steps(),
-            batch_size=self.cfg.batch_size, grad_clip=self.cfg.grad_clip,
-            generator=self.batch_generator(server_round))
+        return train_recipe(self.model, self.data.train_x, self.data.train_y,
+                            loss_fn=self.loss, optimizer=self.optimizer(), cfg=self.cfg,
+                            generator=self.batch_generator(server_round),
+                            steps=self.local_steps())
 
     def batch_generator(self, server_round: int, purpose: str = "batches") -> torch.Generator:
         """The generator of this client's mini-batch order in ``server_round``."""
@@ -264,8 +263,8 @@ class FedClient(NumPyClient):
     def optimizer(self, params: Iterable[torch.nn.Parameter] | None = None, name: str = "model",
                   lr: float | None = None) -> torch.optim.Optimizer:
         """The local optimizer over ``params`` (default: the whole private model), as the run's
-        recipe says (``optimizer``, ``lr``, ...; ``lr`` replaces the recipe's, e.g. a head
-        phase at its own rate).
+        recipe says (``optimizer``, ``lr`` with its ``lr-decay-at`` schedule, ...; ``lr``
+        replaces the recipe's, e.g. a head phase at its own rate).
 
         ``optimizer-state = "fresh"`` builds a new one for every message. ``"keep"`` gives one
         optimizer per ``name`` for the client's whole life: within a message the same object,
@@ -278,8 +277,9 @@ class FedClient(NumPyClient):
         kept = self._kept_optimizers
         if name in kept:
             return kept[name]
+        server_round = int(getattr(self, "message", {}).get("server-round", 0))
         optimizer = recipe_optimizer(self.model.parameters() if params is None else params, c,
-                                     lr)
+                                     (c.lr if lr is None else lr) * c.lr_factor(server_round))
         if c.optimizer_state == "keep":
             record = self.context.state.get(OPTIMIZER_STATE_KEY.format(name=name))
             if record is not None:

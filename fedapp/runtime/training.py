@@ -68,16 +68,17 @@ class TrainStats:
 
 
 def _batches(n: int, batch_size: int, epochs: int, steps: int, generator: torch.Generator,
-             device: torch.device):
-    """Index batches: ``epochs`` shuffled passes, or exactly ``steps`` batches when > 0
-    (reshuffling at each pass end, so every batch is full-sized unless n < batch_size)."""
+             device: torch.device, drop_last: bool = False):
+    """Index batches: ``epochs`` shuffled passes (without their short last batch when
+    ``drop_last``), or exactly ``steps`` batches when > 0 (reshuffling at each pass end, so
+    every batch is full-sized unless n < batch_size)."""
     done = 0
     while True:
         order = torch.randperm(n, generator=generator).to(device)
         for start in range(0, n, batch_size):
             if steps and done == steps:
                 return
-            if steps and start + batch_size > n and start > 0:
+            if (steps or drop_last) and start + batch_size > n and start > 0:
                 break  # a short tail: reshuffle instead, as a fresh random batch would be
             yield order[start:start + batch_size]
             done += 1
@@ -89,15 +90,15 @@ def _batches(n: int, batch_size: int, epochs: int, steps: int, generator: torch.
 def train_epochs(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                  optimizer: torch.optim.Optimizer, epochs: int, batch_size: int,
-                 generator: torch.Generator, grad_clip: float = 0.0, steps: int = 0
-                 ) -> TrainStats:
+                 generator: torch.Generator, grad_clip: float = 0.0, steps: int = 0,
+                 drop_last: bool = False) -> TrainStats:
     """``epochs`` passes over ``(x, y)`` in shuffled mini-batches (the last one may be short),
     or, with ``steps`` > 0, exactly that many random mini-batches (FedHe's client update)."""
     model.train()
     n = len(y)
     total, steps_done, samples = torch.zeros((), device=x.device), 0, 0
     if n:
-        for idx in _batches(n, batch_size, epochs, steps, generator, x.device):
+        for idx in _batches(n, batch_size, epochs, steps, generator, x.device, drop_last):
             loss = loss_fn(x[idx], y[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -109,6 +110,22 @@ def train_epochs(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
             steps_done += 1
             samples += len(idx)
     return TrainStats(loss=float(total) / max(steps_done, 1), steps=steps_done, samples=samples)
+
+
+def train_recipe(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                 optimizer: torch.optim.Optimizer, cfg, generator: torch.Generator,
+                 epochs: int | None = None, steps: int | None = None) -> TrainStats:
+    """:func:`train_epochs` as the run's recipe says: ``local-epochs`` passes or
+    ``local-steps`` mini-batches (unless ``epochs``/``steps`` are given: a method's own phase),
+    ``batch-size``, ``grad-clip`` and ``drop-last``."""
+    if epochs is not None and steps is None:
+        steps = 0  # a phase of whole passes
+    return train_epochs(model, x, y, loss_fn=loss_fn, optimizer=optimizer,
+                        epochs=cfg.local_epochs if epochs is None else epochs,
+                        steps=cfg.local_steps if steps is None else steps,
+                        batch_size=cfg.batch_size, grad_clip=cfg.grad_clip,
+                        generator=generator, drop_last=cfg.drop_last)
 
 
 @torch.no_grad()
