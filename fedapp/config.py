@@ -308,7 +308,7 @@ RECIPE_KEYS = ("optimizer", "lr", "momentum", "adam-beta1", "adam-beta2", "weigh
 # Settings that became shared recipe keys: a preset that still names one is told where it went.
 MOVED_KEYS = {f"{m}.local-batches": "local-steps" for m in ("fedhe", "felo", "velo")} | {
     "fedclassavg.adam-beta1": "adam-beta1", "fedclassavg.adam-beta2": "adam-beta2",
-    "fedclassavg.feature-dim": "feature-dim"}
+    "fedclassavg.feature-dim": "feature-dim", "fedclassavg.augment": "fedclassavg.views"}
 # Where an explicitly set value came from (``explicit-settings``): a preset file, --set, or a
 # plain run config (``flwr run --run-config``).
 EXPLICIT_LAYERS = ("preset", "set", "config")
@@ -408,10 +408,9 @@ def parse_run_config(flat: Mapping[str, Any], *, method_keys: Mapping[str, Any] 
     unknown = [k for k in flat if k not in SHARED_KEYS and k not in method_keys]
     moved = [k for k in unknown if k in MOVED_KEYS]
     if moved:
-        raise ConfigError("setting(s) " + ", ".join(f"{k} (now the shared {MOVED_KEYS[k]})"
-                                                    for k in moved)
-                          + " moved: the shared key serves every method, and each method's "
-                          "recipe gives its own value (`fedapp settings` shows them).")
+        raise ConfigError("setting(s) " + ", ".join(f"{k} (now {MOVED_KEYS[k]})" for k in moved)
+                          + " moved: `fedapp settings` lists every setting, and a shared "
+                          "training setting takes each method's value from its recipe.")
     if unknown:
         known = list(SHARED_KEYS) + list(method_keys)
         hints = []

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from fedapp.cli.run import toml_value
+from fedapp.config import toml_value
 
 ROOT = Path(__file__).resolve().parent.parent
 # `fedapp` through this interpreter: the same as the console script, without needing it
@@ -21,15 +21,15 @@ ROOT = Path(__file__).resolve().parent.parent
 FEDAPP = [sys.executable, "-m", "fedapp.cli.main"]
 
 
-def run_experiment(preset: str, overrides: Mapping[str, Any], run_name: str,
+def run_experiment(preset: str | None, overrides: Mapping[str, Any], run_name: str,
                    out_dir: Path) -> dict[str, Any]:
-    """``fedapp run preset --set ...`` into ``out_dir/run_name``; its summary. A run whose
+    """``fedapp run [preset] --set ...`` into ``out_dir/run_name``; its summary. A run whose
     summary already exists is not repeated, so an interrupted reproduction resumes."""
     summary_path = out_dir / run_name / "summary.json"
     if summary_path.exists():
         print(f"[reproduce] {run_name}: done before, reusing {summary_path}", flush=True)
         return json.loads(summary_path.read_text())
-    cmd = [*FEDAPP, "run", preset, "--output-dir", str(out_dir),
+    cmd = [*FEDAPP, "run", *([preset] if preset else []), "--output-dir", str(out_dir),
            "--set", f"run-name={toml_value(run_name)}"]
     for key, value in overrides.items():
         cmd += ["--set", f"{key}={toml_value(value)}"]
@@ -43,6 +43,71 @@ def run_experiment(preset: str, overrides: Mapping[str, Any], run_name: str,
     print(f"[reproduce] {run_name}: {proc.stdout.strip().splitlines()[-2]} "
           f"({time.time() - start:.0f} s)", flush=True)
     return json.loads(summary_path.read_text())
+
+
+def training_caption(preset: str, overrides: Mapping[str, Any] = ()) -> str:
+    """How every client of ``preset`` (with ``overrides``) trains, in words for a table's
+    caption: optimizer, learning rate, lifetime, local steps and batch, as ``fedapp settings``
+    resolves them (the method's recipe under what the preset pins)."""
+    from fedapp.cli.run import resolve_settings
+    from strategies import settings_report
+    texts = [f"{k}={toml_value(v)}" for k, v in dict(overrides).items()]
+    v = settings_report(resolve_settings(preset, texts)[0])["settings"]
+    optimizer = (f"SGD (momentum {v['momentum']:g})" if v["optimizer"] == "sgd" else
+                 f"Adam (betas {v['adam-beta1']:g}, {v['adam-beta2']:g})")
+    steps = (f"{v['local-steps']} random mini-batches" if v["local-steps"] else
+             f"{v['local-epochs']} epoch(s)") + f" of {v['batch-size']}"
+    decay = f", x{v['lr-decay']:g} after {v['lr-decay-at']} of the rounds" \
+        if v["lr-decay-at"] else ""
+    life = {"fresh": "a new optimizer every round",
+            "keep": "one optimizer per client for the whole run"}[v["optimizer-state"]]
+    return (f"{optimizer}, lr {v['lr']:g}{decay}, weight decay {v['weight-decay']:g}, "
+            f"{'clipping at ' + format(v['grad-clip'], 'g') if v['grad-clip'] else 'no clipping'}"
+            f", {life}, {steps} per round")
+
+
+DIGITS_DIR = ROOT / "results" / "data" / "digits"
+
+
+def digits_data(out: Path = DIGITS_DIR) -> Path:
+    """scikit-learn's bundled handwritten digits (1,797 images of 8x8) as a ``dataset = "npz"``
+    folder: upsampled bilinearly to 28x28 uint8, split 75/25 stratified by class (seed 0). A
+    small real data set outside Fashion-MNIST, on which no default was tuned. Needs
+    scikit-learn (``pip install -e ".[reproduce]"``)."""
+    if (out / "train.npz").exists() and (out / "test.npz").exists():
+        return out
+    try:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+    except ImportError:
+        raise SystemExit("the digits data set needs scikit-learn: "
+                         ".venv/bin/pip install -e '.[reproduce]'") from None
+    import torch
+    import torch.nn.functional as F
+    digits = load_digits()
+    images = torch.from_numpy(digits.images).float().unsqueeze(1) / 16.0
+    up = F.interpolate(images, size=(28, 28), mode="bilinear", align_corners=False)
+    x = (up.squeeze(1).clamp(0, 1) * 255).round().to(torch.uint8).numpy()
+    x_tr, x_te, y_tr, y_te = train_test_split(x, digits.target.astype(np.int64),
+                                              test_size=0.25, stratify=digits.target,
+                                              random_state=0)
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(out / "train.npz", x=x_tr, y=y_tr)
+    np.savez(out / "test.npz", x=x_te, y=y_te)
+    return out
+
+
+# Two small settings a user might start from, one on a data set nothing was tuned on: the
+# settings of docs/defaults.md (every method with its own recipe) and of FedClassAvg's defaults.
+# Only data and federation are set here; training is the method's recipe.
+DEFAULTS_SETTINGS = {
+    "Fashion-MNIST": lambda: {"dataset": "fmnist", "num-clients": 10, "partition": "dirichlet",
+                              "dirichlet-alpha": 0.5, "max-samples-per-client": 300,
+                              "num-server-rounds": 20, "eval-every": 5},
+    "digits": lambda: {"dataset": "npz", "data-dir": str(digits_data()), "num-clients": 10,
+                       "partition": "dirichlet", "dirichlet-alpha": 0.5,
+                       "test-fraction": 0.5, "num-server-rounds": 60, "eval-every": 10},
+}
 
 
 def per_architecture(summaries: Sequence[Mapping[str, Any]]) -> str:

@@ -46,7 +46,7 @@ ABLATION = {"CA": {"fedclassavg.contrastive": False, "fedclassavg.proximal": Fal
             # baseline (which trains on the raw images)?
             "CA, no augmentation": {"fedclassavg.contrastive": False,
                                     "fedclassavg.proximal": False,
-                                    "fedclassavg.augment": False}}
+                                    "fedclassavg.views": "none"}}
 PAPER_ABLATION = {"CA": 0.8578, "CA+PR": 0.8971, "CA+CL": 0.924, "CA+PR+CL (FedClassAvg)": 0.9303}
 
 

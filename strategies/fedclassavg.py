@@ -42,6 +42,11 @@ from fedapp.seeding import derive_seed
 from strategies.lg_fedavg import LgFedAvg, LgFedAvgClient
 
 PROXIMAL_FORMS = ("l2", "squared", "code-mse")
+# The views of ``fedclassavg.views`` (None: the raw images).
+VIEWS = {"simclr": ViewAugment(),
+         "mild": ViewAugment(crop_scale=(0.8, 1.0), crop_ratio=(0.9, 1.1), flip_p=0.0,
+                             jitter_p=0.0, grayscale_p=0.0),
+         "none": None}
 
 
 @dataclass(frozen=True)
@@ -72,8 +77,13 @@ class FedClassAvgSettings:
     supcon_features: str = opt("pre-relu", "which features SupCon sees: the 512-d projection "
                                "before the classifier's ReLU ('pre-relu', reference code) or "
                                "after it ('post-relu')", choices=("pre-relu", "post-relu"))
-    augment: bool = opt(True, "augment the views (random resized crop scale (0.2, 1), flip; "
-                        "colour jitter for 3 channels); false = both views are the raw images")
+    views: str = opt("simclr", "the two views SupCon contrasts: 'simclr' (the reference "
+                     "code's: random resized crop of scale (0.2, 1), horizontal flip, colour "
+                     "jitter for 3 channels), 'mild' (crop of scale (0.8, 1), no flip, no "
+                     "jitter) or 'none' (both views are the raw images)",
+                     choices=tuple(VIEWS))
+    ce_view: str = opt("augmented", "what the cross-entropy sees: the first 'augmented' view "
+                       "(reference code) or the 'raw' image", choices=("augmented", "raw"))
     warmup: bool = opt(False, "train local-epochs epochs with SupCon + CE before the first "
                        "round, as the reference code does (the paper says no warm-up)")
     diagnose: bool = opt(False, "diagnostics (not in the paper; they cost an extra backward "
@@ -140,8 +150,6 @@ class FedClassAvgClient(LgFedAvgClient):
     """Loads the global classifier, trains SupCon + CE + rho * proximal, uploads the
     classifier (upload and evaluation as LG-FedAvg: the personalised model is evaluated)."""
 
-    augment_views = ViewAugment()
-
     def receive(self, payload: Payload, server_round: int) -> None:
         # The views of this round, keyed by (seed, partition, round) like every random stream.
         self.view_generator = torch.Generator(device=self.device).manual_seed(
@@ -171,23 +179,23 @@ class FedClassAvgClient(LgFedAvgClient):
         return (_pre_relu_extractor(extractor) if self.cfg.settings.supcon_features == "pre-relu"
                 else extractor)
 
-    def _views(self, x: Tensor) -> Tensor:
-        return self.augment_views(x, self.view_generator) if self.cfg.settings.augment else x
+    def _view(self, x: Tensor) -> Tensor:
+        augment = VIEWS[self.cfg.settings.views]
+        return x if augment is None else augment(x, self.view_generator)
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         s = self.cfg.settings
         model, extractor = self.model, self._supcon_extractor()
         terms: dict[str, Tensor] = {}
+        batch = [self._view(x), self._view(x)] if s.contrastive else [self._view(x)]
+        raw_ce = s.ce_view == "raw" and s.views != "none"
+        # Every view in one forward pass (BatchNorm sees them together, as in the code).
+        z = extractor(torch.cat(batch + [x] if raw_ce else batch)).chunk(len(batch) + raw_ce)
         if s.contrastive:
-            # Both views in one forward pass (BatchNorm sees them together, as in the code).
-            z = extractor(torch.cat([self._views(x), self._views(x)]))
-            z1, z2 = z.chunk(2)
-            terms["supcon"] = supcon_loss(torch.stack([z1, z2], dim=1), y, s.temperature,
+            terms["supcon"] = supcon_loss(torch.stack(z[:2], dim=1), y, s.temperature,
                                           s.base_temperature, s.normalize_features)
-        else:
-            z1 = extractor(self._views(x))
         # The classifier's ReLU: a no-op on post-ReLU features, the code's ReLU on pre-ReLU.
-        terms["ce"] = F.cross_entropy(model.head(F.relu(z1)), y)
+        terms["ce"] = F.cross_entropy(model.head(F.relu(z[-1] if raw_ce else z[0])), y)
         first_batch = self._batch % self._batches_per_epoch() == 0
         self._batch += 1
         if (s.proximal and self.global_classifier is not None

@@ -146,7 +146,7 @@ def _terms(client, x, y):
                                                   (True, True)])
 def test_ablation_switches_turn_terms_off(contrastive, proximal):
     client = _client(**{"fedclassavg.contrastive": contrastive,
-                        "fedclassavg.proximal": proximal, "fedclassavg.augment": False})
+                        "fedclassavg.proximal": proximal, "fedclassavg.views": "none"})
     head = {k: v.numpy().copy() for k, v in client.model.head_state().items()}
     client.receive(head, 1)
     with torch.no_grad():
@@ -156,6 +156,31 @@ def test_ablation_switches_turn_terms_off(contrastive, proximal):
     assert prox > 0.1 and supcon > 0.1
     expected = ce + contrastive * supcon + proximal * prox
     assert float(client.loss(x, y).detach()) == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("views", ["simclr", "mild"])
+def test_cross_entropy_sees_the_raw_image_or_the_first_view(views):
+    # CNN-5 has no BatchNorm, so the raw image's logits do not depend on the rest of the batch.
+    x, y = None, None
+    for ce_view in ("raw", "augmented"):
+        client = _client(**{"fedclassavg.views": views, "fedclassavg.ce-view": ce_view,
+                            "fedclassavg.proximal": False})
+        client.receive({k: v.numpy().copy() for k, v in client.model.head_state().items()}, 1)
+        x, y = client.data.train_x[:16], client.data.train_y[:16]
+        client.loss(x, y)
+        with torch.no_grad():
+            raw_ce = float(F.cross_entropy(client.model(x), y))
+        assert (float(client._terms["ce-loss"]) == pytest.approx(raw_ce, rel=1e-5)) \
+            == (ce_view == "raw")
+
+
+def test_mild_views_never_flip():
+    mild = fca.VIEWS["mild"]
+    assert mild.crop_scale == (0.8, 1.0) and mild.flip_p == 0 and mild.jitter_p == 0
+    x = torch.zeros(64, 1, 28, 28)
+    x[:, :, :, :4] = 1.0  # a bar on the left edge: a flip would move it to the right
+    view = mild(x, gen(1))
+    assert view[:, :, :, -4:].max() < 0.5  # never flipped to the right edge
 
 
 def _fit(diagnose):
@@ -199,7 +224,7 @@ def test_ncm_accuracy_is_the_nearest_normalised_class_mean():
 
 
 def test_code_skips_the_proximal_term_on_each_epochs_first_batch():
-    client = _client(**{"fedclassavg.contrastive": False, "fedclassavg.augment": False,
+    client = _client(**{"fedclassavg.contrastive": False, "fedclassavg.views": "none",
                         "fedclassavg.proximal-skip-first-batch": True, "batch-size": 20})
     client.receive({k: v.numpy() for k, v in client.model.head_state().items()}, 1)
     with torch.no_grad():

@@ -176,7 +176,7 @@ def test_every_preset_still_gives_what_it_pins():
 
 
 def test_a_moved_setting_says_where_it_went():
-    with pytest.raises(ConfigError, match="fedhe.local-batches .now the shared local-steps"):
+    with pytest.raises(ConfigError, match="fedhe.local-batches .now local-steps"):
         load_config({"method": "fedhe", "fedhe.local-batches": 3})
 
 
@@ -230,3 +230,20 @@ def test_drop_last_leaves_out_the_short_batch_of_a_pass():
     assert sizes == [4, 4, 2]
     assert [len(b) for b in _batches(3, 4, 1, 0, torch.Generator(), torch.device("cpu"),
                                      drop_last=True)] == [3]  # a pass shorter than a batch
+
+
+def test_a_preset_that_sets_the_training_pins_its_whole_recipe():
+    # So that every method compared on it (Standalone included) trains alike: --set method=...
+    # on such a preset changes the method, not the training. (demo and smoke leave the
+    # training to the method's recipe.)
+    for path in sorted(resolve_preset("smoke").parent.glob("*.toml")):
+        pins = read_preset(path)
+        if "optimizer" not in pins:
+            continue
+        unused = {"sgd": {"adam-beta1", "adam-beta2"}, "adam": {"momentum"}}[pins["optimizer"]]
+        if not pins.get("lr-decay-at"):
+            unused.add("lr-decay")
+        if pins.get("local-steps"):
+            unused.add("local-epochs")
+        missing = set(RECIPE_KEYS) - {"feature-dim"} - unused - set(pins)
+        assert not missing, (path.name, sorted(missing))
