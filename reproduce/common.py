@@ -63,7 +63,7 @@ def training_caption(preset: str, overrides: Mapping[str, Any] = ()) -> str:
             "keep": "one optimizer per client for the whole run"}[v["optimizer-state"]]
     return (f"{optimizer}, lr {v['lr']:g}{decay}, weight decay {v['weight-decay']:g}, "
             f"{'clipping at ' + format(v['grad-clip'], 'g') if v['grad-clip'] else 'no clipping'}"
-            f", {life}, {steps} per round")
+            f", {life}, {steps} per update")
 
 
 DIGITS_DIR = ROOT / "results" / "data" / "digits"
