@@ -103,10 +103,10 @@ def digits_data(out: Path = DIGITS_DIR) -> Path:
 DEFAULTS_SETTINGS = {
     "Fashion-MNIST": lambda: {"dataset": "fmnist", "num-clients": 10, "partition": "dirichlet",
                               "dirichlet-alpha": 0.5, "max-samples-per-client": 300,
-                              "num-server-rounds": 20, "eval-every": 5},
+                              "num-server-rounds": 20, "eval-every": 10},
     "digits": lambda: {"dataset": "npz", "data-dir": str(digits_data()), "num-clients": 10,
                        "partition": "dirichlet", "dirichlet-alpha": 0.5,
-                       "test-fraction": 0.5, "num-server-rounds": 60, "eval-every": 10},
+                       "test-fraction": 0.5, "num-server-rounds": 40, "eval-every": 10},
 }
 
 
