@@ -5,7 +5,7 @@ without the contrastive term (Table 4's CA+PR).
 
     .venv/bin/python reproduce/fedclassavg_diagnosis.py [--seed 0]
 
-Every run is ``fedapp run conf/fedclassavg-fmnist.toml --set fedclassavg.diagnose=true ...``
+Every run is ``fedapp run conf/fedclassavg-code.toml --set fedclassavg.diagnose=true ...``
 (finished runs are reused, ``results/fedclassavg-diagnosis/``): each round's ``rounds.jsonl``
 line then has ``train_terms`` (each term's mean value over the round's batches, as it enters
 the loss, and its gradient norm on the extractor and on the classifier, averaged over the

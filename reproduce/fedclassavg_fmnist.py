@@ -3,7 +3,7 @@ two-class skew over several seeds, and the four-row ablation of the paper's Tabl
 
     .venv/bin/python reproduce/fedclassavg_fmnist.py [--seeds 0 1 2] [--ablation-seeds 0]
 
-Every run is ``fedapp run conf/fedclassavg-fmnist.toml`` with overrides; finished runs are
+Every run is ``fedapp run conf/fedclassavg-code.toml`` with overrides; finished runs are
 reused (``results/fedclassavg-fmnist/``), so an interrupted reproduction resumes. Writes the
 tables between the markers of ``docs/fedclassavg.md`` and the plots
 ``docs/fedclassavg-curves.png`` and ``docs/fedclassavg-ablation.png``.
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (ROOT, cell, per_client_accuracies, plot_curves,  # noqa: E402
                     run_experiment, write_generated)
 
-PRESET = "conf/fedclassavg-fmnist.toml"
+PRESET = "conf/fedclassavg-code.toml"
 OUT = ROOT / "results" / "fedclassavg-fmnist"
 DOC = ROOT / "docs" / "fedclassavg.md"
 

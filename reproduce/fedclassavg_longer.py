@@ -7,7 +7,7 @@ rounds.
 
     .venv/bin/python reproduce/fedclassavg_longer.py [--seeds 0] [--rounds 100] [--with-ca-pr]
 
-Every run is ``fedapp run conf/fedclassavg-fmnist.toml --set max-samples-per-client=3000 --set
+Every run is ``fedapp run conf/fedclassavg-code.toml --set max-samples-per-client=3000 --set
 num-server-rounds=100 ...``; finished runs are reused (``results/fedclassavg-longer/``). Writes
 its table between its markers in ``docs/fedclassavg.md`` and ``docs/fedclassavg-longer.png``.
 """
