@@ -45,6 +45,30 @@ def run_experiment(preset: str | None, overrides: Mapping[str, Any], run_name: s
     return json.loads(summary_path.read_text())
 
 
+def run_seeds(preset: str | None, overrides: Mapping[str, Any], run_name: str,
+              seeds: Sequence[int], out_dir: Path) -> list[dict[str, Any]]:
+    """``run_experiment`` at each seed (``<run_name>-seed<s>``), the missing ones as one
+    ``fedapp run --sweep seed=...`` on one SuperLink (its start and stop paid once)."""
+    summaries = {s: out_dir / f"{run_name}-seed{s}" / "summary.json" for s in seeds}
+    missing = [s for s, path in summaries.items() if not path.exists()]
+    if len(missing) > 1:
+        cmd = [*FEDAPP, "run", *([preset] if preset else []), "--output-dir", str(out_dir),
+               "--set", f"run-name={toml_value(run_name)}",
+               *(x for k, v in overrides.items() for x in ("--set", f"{k}={toml_value(v)}")),
+               "--sweep", "seed=" + ",".join(map(str, missing))]
+        print(f"[reproduce] {run_name} seeds {missing}: {' '.join(cmd[3:])}", flush=True)
+        start = time.time()
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            print(proc.stdout[-4000:], file=sys.stderr)
+            raise RuntimeError(f"{run_name} failed with exit status {proc.returncode}")
+        print(f"[reproduce] {run_name}: {len(missing)} runs ({time.time() - start:.0f} s)",
+              flush=True)
+    return [run_experiment(preset, {**overrides, "seed": s}, f"{run_name}-seed{s}", out_dir)
+            for s in seeds]
+
+
 def training_caption(preset: str, overrides: Mapping[str, Any] = ()) -> str:
     """How every client of ``preset`` (with ``overrides``) trains, in words for a table's
     caption: optimizer, learning rate, lifetime, local steps and batch, as ``fedapp settings``

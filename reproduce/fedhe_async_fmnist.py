@@ -149,10 +149,7 @@ def main() -> None:
         extra, seeds, out, splits = QUICK, seeds[:1], out / "quick", SPLITS[:1]
         doc = out / "fedhe-async.md"
 
-    tables, panels = [], {}
-    for split, split_overrides in splits:
-        variants = [(v, seeds) for v in VARIANTS] + [(v, seeds[:1]) for v in STRAGGLERS] + (
-            [(v, seeds[:1]) for v in ARRIVAL] if split == "IID" else [])
+    def run_all(variants: list, split: str, split_overrides: dict) -> dict[str, list[dict]]:
         results = {}
         for (label, preset, overrides), runs_seeds in variants:
             name = re.sub(r"[^a-z0-9]+", "-", f"{split.split()[0]} {label}".lower()).strip("-")
@@ -161,6 +158,17 @@ def main() -> None:
             results[label] = [run_experiment(preset, {**overrides, **split_overrides,
                                                       "seed": seed, **extra},
                                              f"{name}-seed{seed}", out) for seed in runs_seeds]
+        return results
+
+    # Private against FedHe at every seed on both splits first; then the straggler runs.
+    for split, split_overrides in splits:
+        run_all([(v, seeds) for v in VARIANTS], split, split_overrides)
+    tables, panels = [], {}
+    for split, split_overrides in splits:
+        results = run_all(
+            [(v, seeds) for v in VARIANTS] + [(v, seeds[:1]) for v in STRAGGLERS]
+            + ([(v, seeds[:1]) for v in ARRIVAL] if split == "IID" else []),
+            split, split_overrides)
         tables.append("\n".join([
             f"### {split} ({len(seeds)} seed(s): {', '.join(map(str, seeds))})", "",
             "| run | global-test accuracy (mean over clients; ± std over seeds) | local-test "
