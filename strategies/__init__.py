@@ -23,6 +23,7 @@ from strategies.fedclassavg import FedClassAvg, FedClassAvgClient, FedClassAvgSe
 from strategies.fedgen import FedGen, FedGenClient, FedGenSettings
 from strategies.fedgh import FedGH, FedGHClient, FedGHSettings
 from strategies.fedhe import FedHe, FedHeClient, FedHeSettings
+from strategies.fedl2g import FedL2G, FedL2GClient, FedL2GSettings
 from strategies.fedper import FedPer, FedPerClient
 from strategies.fedproto import FedProto, FedProtoClient, FedProtoSettings
 from strategies.fedrep import FedRep, FedRepClient, FedRepSettings
@@ -134,6 +135,15 @@ METHODS: dict[str, Method] = {
                              "weight-decay": 0.0, "grad-clip": 0.0, "optimizer-state": "fresh",
                              "batch-size": 10, "drop-last": True, "local-epochs": 1,
                              "local-steps": 0, "feature-dim": 512}),
+    "fedl2g": Method("learnable per-class guiding vectors (features or logits) the server updates "
+                     "with the clients' meta-gradients of a held-out quiz loss; CE + MSE to them",
+                     FedL2G, FedL2GClient, settings=FedL2GSettings,
+                     # HtFLlib's (clientl2g_feat.py): plain SGD built every round, gradients
+                     # clipped at 100, B 10, one epoch, drop_last, d = 512.
+                     recipe={"optimizer": "sgd", "lr": 0.01, "momentum": 0.0,
+                             "weight-decay": 0.0, "grad-clip": 100.0,
+                             "optimizer-state": "fresh", "batch-size": 10, "drop-last": True,
+                             "local-epochs": 1, "local-steps": 0, "feature-dim": 512}),
 }
 
 
