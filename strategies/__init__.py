@@ -20,8 +20,10 @@ from fedapp.runtime.strategy_base import FedStrategy
 from strategies.compfl import CompFL, CompFLClient, CompFLSettings
 from strategies.fedavg import FedAvg, FedAvgClient
 from strategies.fedclassavg import FedClassAvg, FedClassAvgClient, FedClassAvgSettings
+from strategies.fedgen import FedGen, FedGenClient, FedGenSettings
 from strategies.fedgh import FedGH, FedGHClient, FedGHSettings
 from strategies.fedhe import FedHe, FedHeClient, FedHeSettings
+from strategies.fedl2g import FedL2G, FedL2GClient, FedL2GSettings
 from strategies.fedper import FedPer, FedPerClient
 from strategies.fedproto import FedProto, FedProtoClient, FedProtoSettings
 from strategies.fedrep import FedRep, FedRepClient, FedRepSettings
@@ -124,6 +126,24 @@ METHODS: dict[str, Method] = {
     "velo": Method("Felo whose server trains a conditional VAE on the features and sends one "
                    "decoded feature per class", Velo, VeloClient, shared_dim=True,
                    settings=VeloSettings, recipe=_FELO),
+    "fedgen": Method("heads averaged; the server trains a feature generator on the ensemble of "
+                     "the heads, and clients train their heads on its features too",
+                     FedGen, FedGenClient, shared_dim=True, settings=FedGenSettings,
+                     # HtFLlib's (clientgen.py, main.py): plain SGD built every round, B 10,
+                     # one epoch, drop_last, d = 512.
+                     recipe={"optimizer": "sgd", "lr": 0.01, "momentum": 0.0,
+                             "weight-decay": 0.0, "grad-clip": 0.0, "optimizer-state": "fresh",
+                             "batch-size": 10, "drop-last": True, "local-epochs": 1,
+                             "local-steps": 0, "feature-dim": 512}),
+    "fedl2g": Method("learnable per-class guiding vectors (features or logits) the server updates "
+                     "with the clients' meta-gradients of a held-out quiz loss; CE + MSE to them",
+                     FedL2G, FedL2GClient, settings=FedL2GSettings,
+                     # HtFLlib's (clientl2g_feat.py): plain SGD built every round, gradients
+                     # clipped at 100, B 10, one epoch, drop_last, d = 512.
+                     recipe={"optimizer": "sgd", "lr": 0.01, "momentum": 0.0,
+                             "weight-decay": 0.0, "grad-clip": 100.0,
+                             "optimizer-state": "fresh", "batch-size": 10, "drop-last": True,
+                             "local-epochs": 1, "local-steps": 0, "feature-dim": 512}),
 }
 
 

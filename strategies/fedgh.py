@@ -72,10 +72,7 @@ class FedGHClient(FedClient):
         header = getattr(self, "global_header", None)
         if not header:
             return {}
-        global_header = torch.nn.Linear(*self.model.head.weight.shape[::-1]).to(self.device)
-        load_arrays(global_header, {k.removeprefix("head."): v for k, v in header.items()})
-        _, accuracy = evaluate(torch.nn.Sequential(self.model.extractor, global_header), x, y)
-        return {"global-header": accuracy}
+        return {"global-header": head_accuracy(self.model, header, x, y)}
 
     def upload(self) -> Payload:
         lars = class_means(self.model.features, self.model, self.data.train_x,
@@ -147,3 +144,12 @@ def train_header(header: torch.nn.Linear, lars: list[tuple[np.ndarray, np.ndarra
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
+
+
+def head_accuracy(model: torch.nn.Module, head: Payload, x: torch.Tensor,
+                  y: torch.Tensor) -> float:
+    """Accuracy on ``(x, y)`` of ``model``'s extractor with another head (``head.weight``,
+    ``head.bias``) in place of its own; the model itself is left untouched."""
+    other = torch.nn.Linear(*model.head.weight.shape[::-1]).to(model.head.weight.device)
+    load_arrays(other, {k.removeprefix("head."): v for k, v in head.items()})
+    return evaluate(torch.nn.Sequential(model.extractor, other), x, y)[1]

@@ -1,0 +1,321 @@
+"""FedGen (Zhu, Hong and Zhou, ICML 2021): data-free knowledge distillation through a feature
+generator the server learns from the ensemble of the clients' heads.
+
+Client k owns a heterogeneous extractor f_k and a head h_k = Linear(d, C) of the same shape for
+everyone (HtFLlib's heterogeneous FedGen: only heads are shared, bases stay private). The server
+keeps a conditional generator G(y) of d-dimensional features,
+``[eps, onehot(y)] -> Linear(nd + C, hd) -> BatchNorm1d -> ReLU -> Linear(hd, d)``, and the
+global head. Each round:
+
+1. the client installs the global head and trains its whole model on
+   ``CE(h(f(x)), y) + alpha_t * CE(h(G(y~)), y~)``, with B labels y~ drawn from the label
+   multiset pooled over every client (so that its head also sees features of classes it lacks);
+   G is fixed and only the head learns from the second term;
+2. it uploads its head, and, the first time only, its label histogram (C counts);
+3. the server trains G for ``server-steps`` Adam steps (a new Adam on the persistent G each round)
+   on ``CE(sum_k w_k h_k(G(y~)), y~)``, the weighted ensemble of the uploaded heads labelling the
+   generated features, plus ``diversity`` times the diversity regulariser; then the global head is
+   the sample-weighted average of the uploaded heads.
+
+Evaluation uses the client's extractor with the global head (what HtFLlib measures at the start
+of a round); the client's own head after local training is reported as ``accuracy-own-head``.
+
+Traffic per client per round: up the head, d*C + C floats (5,130 = 20,520 bytes for d = 512,
+C = 10), plus C 32-bit counts once; down the head, G's parameters (285,696 floats for nd = 32,
+hd = 512, d = 512, C = 10; its BatchNorm buffers are not sent: G always runs in train mode, on
+batch statistics) and the pooled label histogram (C 32-bit counts). In round 1 nothing has been
+pooled and G is untrained, so only the head goes down and clients train with CE alone (the
+paper's first round; HtFLlib instead uses its untrained G from round 0, as it reads every
+client's labels at start-up, which a federation cannot).
+
+The paper and the authors' code differ from HtFLlib in four points; each is a setting whose
+default is the paper's (the authors' code gives the numbers the paper leaves out):
+``noise`` (paper N(0, I); HtFLlib U[0, 1) despite its comment), ``teacher-weights`` (paper
+per-label weights n_k^y / sum_j n_j^y; HtFLlib one weight n_k / sum n per client),
+``diversity`` (the paper's diversity regulariser, weight 1 in the authors' code; HtFLlib 0) and
+``client-weight`` / ``client-weight-decay`` (the authors' alpha_t = max(1e-4, 10 * 0.98^t);
+HtFLlib 1, constant). docs/fedgen.md lists the settings that reproduce HtFLlib.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedapp.config import opt
+from fedapp.data import setup
+from fedapp.runtime.aggregate import weighted_average
+from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
+from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
+from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
+from fedapp.runtime.training import train_recipe
+from fedapp.seeding import derive_seed, isolated_rng
+from strategies.fedgh import head_accuracy
+
+HEAD = ("head.weight", "head.bias")
+GENERATOR_PREFIX = "generator."
+LABEL_POOL = "label-pool"          # down: the label histogram pooled over every known client
+LABEL_COUNTS = "label-counts"      # up, once: the client's own label histogram
+SEND_COUNTS = "send-label-counts"  # down: the server has no histogram of this client yet
+# The authors' code never lets the client-term weight decay below this.
+MIN_CLIENT_WEIGHT = 1e-4
+
+
+@dataclass(frozen=True)
+class FedGenSettings:
+    """``fedgen.*``: the generator, its server training and the client's generator term."""
+
+    noise_dim: int = opt(32, "generator noise size nd (HtFLlib's total.sh: 32; main.py 512)",
+                         low=1)
+    hidden_dim: int = opt(512, "generator hidden width hd", low=1)
+    server_lr: float = opt(0.1, "generator Adam learning rate (HtFLlib's total.sh: 0.1; "
+                           "main.py 0.005)", low=0.0, low_open=True)
+    server_steps: int = opt(100, "generator Adam steps per round (HtFLlib's server_epochs)",
+                            low=1)
+    server_batch_size: int = opt(0, "labels per generator step (0 = the run's batch-size, as "
+                                 "HtFLlib)", low=0)
+    noise: str = opt("normal", "generator noise eps: 'normal' N(0, I) (paper) or 'uniform' "
+                     "U[0, 1) (HtFLlib's code)", choices=("normal", "uniform"))
+    teacher_weights: str = opt(
+        "label", "weights of the heads in the teacher ensemble: 'label' = n_k^y / sum_j n_j^y "
+        "per label y (paper), 'samples' = n_k / sum_j n_j per client (HtFLlib)",
+        choices=("label", "samples"))
+    diversity: float = opt(1.0, "weight of the generator's diversity regulariser (paper; "
+                           "authors' code 1; HtFLlib 0)", low=0.0)
+    client_weight: float = opt(10.0, "weight alpha_0 of the client's generator term (authors' "
+                               "code 10; HtFLlib 1)", low=0.0)
+    client_weight_decay: float = opt(
+        0.98, "alpha_t = max(1e-4, alpha_0 * decay^(t - 1)) in round t (authors' code 0.98; "
+        "HtFLlib 1 = constant)", low=0.0, high=1.0, low_open=True)
+
+    def client_term_weight(self, server_round: int) -> float:
+        """alpha_t for round ``server_round`` (1-based; the authors count from 0)."""
+        decayed = self.client_weight * self.client_weight_decay ** max(server_round - 1, 0)
+        return max(min(self.client_weight, MIN_CLIENT_WEIGHT), decayed)
+
+
+class Generator(nn.Module):
+    """G(y, eps): features of class y from noise eps (FedGen's latent generator)."""
+
+    def __init__(self, noise_dim: int, num_classes: int, hidden_dim: int,
+                 feature_dim: int) -> None:
+        super().__init__()
+        self.noise_dim, self.num_classes = noise_dim, num_classes
+        self.hidden = nn.Sequential(nn.Linear(noise_dim + num_classes, hidden_dim),
+                                    nn.BatchNorm1d(hidden_dim), nn.ReLU())
+        self.out = nn.Linear(hidden_dim, feature_dim)
+
+    def forward(self, labels: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        onehot = F.one_hot(labels, self.num_classes).to(eps.dtype)
+        return self.out(self.hidden(torch.cat([eps, onehot], 1)))
+
+
+def sample_noise(n: int, dim: int, kind: str, generator: torch.Generator,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
+    """``n`` noise vectors eps for G, from ``generator`` (never torch's global stream)."""
+    if kind == "normal":
+        return torch.randn(n, dim, generator=generator).to(device)
+    return torch.rand(n, dim, generator=generator).to(device)
+
+
+def sample_labels(histogram: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
+    """``n`` labels drawn with replacement from the multiset a histogram of counts describes."""
+    return torch.multinomial(histogram.double(), n, replacement=True, generator=generator)
+
+
+def diversity_loss(eps: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """FedGen's diversity regulariser: ``exp(-mean_ij d2(eps_i, eps_j) * d1(G_i, G_j))`` with d2
+    the mean squared and d1 the mean absolute difference; small when distant noises give
+    distant features, so G does not collapse every noise of a class onto one feature."""
+    noise_dist = (eps[:, None, :] - eps[None, :, :]).pow(2).mean(2)
+    feature_dist = (features[:, None, :] - features[None, :, :]).abs().mean(2)
+    return torch.exp(-(noise_dist * feature_dist).mean())
+
+
+def teacher_weights(counts: np.ndarray, num_examples: np.ndarray, mode: str) -> np.ndarray:
+    """Weights ``[C, K]`` of the K uploaded heads for each label: per label
+    ``n_k^y / sum_j n_j^y`` ('label'; zero for a label nobody holds), or ``n_k / sum_j n_j``
+    for every label ('samples'). ``counts`` is ``[K, C]``, ``num_examples`` ``[K]``."""
+    if mode == "samples":
+        w = num_examples / num_examples.sum()
+        return np.tile(w, (counts.shape[1], 1))
+    per_label = counts.T.astype(np.float64)
+    totals = per_label.sum(1, keepdims=True)
+    return np.divide(per_label, totals, out=np.zeros_like(per_label), where=totals > 0)
+
+
+def train_generator(generator: Generator, heads: list[Payload], weights: np.ndarray,
+                    pool: np.ndarray, settings: FedGenSettings, batch_size: int,
+                    seed: int) -> float:
+    """``server-steps`` Adam steps of G on the ensemble's cross-entropy (+ diversity); a new
+    Adam each round on the persistent G, as HtFLlib. ``weights`` is ``[C, K]``
+    (:func:`teacher_weights`), ``pool`` the histogram the labels are drawn from. Returns the
+    last step's ensemble cross-entropy."""
+    rng = torch.Generator().manual_seed(seed)
+    w = torch.from_numpy(weights.astype(np.float32))
+    stacked_w = torch.stack([torch.from_numpy(h["head.weight"]) for h in heads])  # [K, C, d]
+    stacked_b = torch.stack([torch.from_numpy(h["head.bias"]) for h in heads])    # [K, C]
+    histogram = torch.from_numpy(pool.astype(np.int64))
+    optimizer = torch.optim.Adam(generator.parameters(), lr=settings.server_lr,
+                                 betas=(0.9, 0.999))
+    generator.train()
+    ce = torch.zeros(())
+    for _ in range(settings.server_steps):
+        labels = sample_labels(histogram, batch_size, rng)
+        eps = sample_noise(batch_size, settings.noise_dim, settings.noise, rng)
+        features = generator(labels, eps)
+        # Every head's logits [K, B, C], weighted per sample by its label's weights.
+        logits = torch.einsum("bd,kcd->kbc", features, stacked_w) + stacked_b[:, None, :]
+        ensemble = (w[labels].T[:, :, None] * logits).sum(0)
+        ce = F.cross_entropy(ensemble, labels)
+        loss = (ce + settings.diversity * diversity_loss(eps, features)
+                if settings.diversity > 0 else ce)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return float(ce.detach())
+
+
+class FedGenClient(FedClient):
+    """Installs the global head, trains with CE + alpha_t * CE on generated features, uploads
+    its head (and its label histogram when the server asks)."""
+
+    def receive(self, payload: Payload, server_round: int) -> None:
+        load_arrays(self.model, {k: payload[k] for k in HEAD if k in payload})
+        self.send_counts = SEND_COUNTS in payload
+        self.generator, self.label_pool = None, None
+        params = {k.removeprefix(GENERATOR_PREFIX): v for k, v in payload.items()
+                  if k.startswith(GENERATOR_PREFIX)}
+        if params and LABEL_POOL in payload and int(payload[LABEL_POOL].sum()) > 0:
+            s = self.cfg.settings
+            self.generator = Generator(s.noise_dim, self.num_classes, s.hidden_dim,
+                                       self.model.feature_dim).to(self.device)
+            load_arrays(self.generator, params)
+            # Train mode: batch statistics, as the server trained it (no buffers were sent).
+            self.generator.train()
+            self.label_pool = torch.from_numpy(payload[LABEL_POOL].astype(np.int64))
+
+    def receive_for_evaluation(self, payload: Payload) -> bool:
+        self.global_head = {k: payload[k] for k in HEAD if k in payload}
+        return False  # the model is evaluated with the global head as a variant
+
+    def headline_variant(self) -> str | None:
+        return "global-head"
+
+    def evaluation_variants(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        head = getattr(self, "global_head", None)
+        return {"global-head": head_accuracy(self.model, head, x, y)} if head else {}
+
+    def train(self, server_round: int):
+        if self.generator is None:
+            return super().train(server_round)
+        s = self.cfg.settings
+        alpha = s.client_term_weight(server_round)
+        rng = self.batch_generator(server_round, "fedgen-labels")
+        batch = self.cfg.batch_size
+
+        def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            labels = sample_labels(self.label_pool, batch, rng).to(self.device)
+            with torch.no_grad():  # G is fixed: only the head learns from this term
+                generated = self.generator(labels, sample_noise(batch, s.noise_dim, s.noise,
+                                                                rng, self.device))
+            return (F.cross_entropy(self.model(x), y)
+                    + alpha * F.cross_entropy(self.model.head(generated), labels))
+
+        return train_recipe(self.model, self.data.train_x, self.data.train_y, loss_fn=loss,
+                            optimizer=self.optimizer(), cfg=self.cfg,
+                            generator=self.batch_generator(server_round),
+                            steps=self.local_steps())
+
+    def upload(self) -> Payload:
+        payload = state_arrays(self.model, list(HEAD))
+        if self.send_counts:
+            payload[LABEL_COUNTS] = np.bincount(self.data.train_y.cpu().numpy(),
+                                                minlength=self.num_classes).astype(np.int32)
+        return payload
+
+
+class FedGen(FedStrategy):
+    """Trains G on the ensemble of the uploaded heads, then averages the heads."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings: FedGenSettings = self.cfg.settings
+        # The global head starts as client 0's initial head (HtFLlib), so that every client
+        # starts from the same head: partition 0's model is built from its own seed key.
+        first = setup.new_model(self.cfg, self.architectures[0], self.input_shape,
+                                self.num_classes, 0)
+        self.feature_dim = first.feature_dim
+        self.global_head: Payload = state_arrays(first, list(HEAD))
+        s = self.settings
+        with isolated_rng(derive_seed(self.cfg.seed, "fedgen-generator-init")):
+            self.generator = Generator(s.noise_dim, self.num_classes, s.hidden_dim,
+                                       self.feature_dim)
+        self.generator_trained = False
+        self.label_counts: dict[int, np.ndarray] = {}  # partition id -> its label histogram
+        self.last_generator_ce: float | None = None
+
+    def _pool(self, partitions) -> np.ndarray:
+        pool = np.zeros(self.num_classes, np.int64)
+        for pid in partitions:
+            pool += self.label_counts[pid]
+        return pool
+
+    def fit_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
+        wanted = client is None or client.partition_id not in self.label_counts
+        cache = getattr(self, "_payloads", None)
+        if cache is None or cache[0] != server_round:
+            cache = self._payloads = (server_round, {})
+        if wanted not in cache[1]:
+            payload = dict(self.global_head)
+            if self.generator_trained:
+                payload.update({GENERATOR_PREFIX + k: v.detach().numpy().astype(np.float32)
+                                for k, v in self.generator.named_parameters()})
+                payload[LABEL_POOL] = self._pool(self.label_counts).astype(np.int32)
+            if wanted:
+                payload[SEND_COUNTS] = np.ones(1, np.int32)
+            cache[1][wanted] = payload
+        return cache[1][wanted]
+
+    def eval_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
+        return self.global_head
+
+    def upload_spec(self, client: ClientInfo) -> dict[str, ArraySpec]:
+        spec = {"head.weight": ArraySpec((self.num_classes, self.feature_dim)),
+                "head.bias": ArraySpec((self.num_classes,))}
+        if client.partition_id not in self.label_counts:
+            spec[LABEL_COUNTS] = ArraySpec((self.num_classes,), kind="int", low=0)
+        return spec
+
+    def check_upload(self, payload: Payload, client: ClientInfo) -> None:
+        if LABEL_COUNTS in payload:
+            # Every training sample counted once: the histogram weighs the teachers.
+            total, bound = int(payload[LABEL_COUNTS].sum()), self.examples_bound(client)
+            if total == 0 or total > bound or (not client.own_data and total != bound):
+                raise PayloadError(f"label counts sum to {total}; partition "
+                                   f"{client.partition_id} has {bound} training examples")
+
+    def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
+        for u in uploads:
+            if LABEL_COUNTS in u.payload:
+                self.label_counts[u.client.partition_id] = u.payload[LABEL_COUNTS].astype(
+                    np.int64)
+        heads = [{k: u.payload[k] for k in HEAD} for u in uploads]
+        num_examples = np.array([u.num_examples for u in uploads], np.float64)
+        s = self.settings
+        pids = [u.client.partition_id for u in uploads]
+        counts = np.stack([self.label_counts[p] for p in pids])
+        # The paper's teachers are this round's clients: with per-label weights the labels
+        # come from their pooled histogram; HtFLlib's from every client's.
+        pool = counts.sum(0) if s.teacher_weights == "label" else self._pool(self.label_counts)
+        self.last_generator_ce = train_generator(
+            self.generator, heads, teacher_weights(counts, num_examples, s.teacher_weights),
+            pool, s, s.server_batch_size or self.cfg.batch_size,
+            derive_seed(self.cfg.seed, "fedgen-server", server_round))
+        self.generator_trained = True
+        self.global_head = weighted_average(heads, num_examples.tolist())
+        self._payloads = None

@@ -1,0 +1,157 @@
+"""FedGen: the traffic of the spec's formula, the teacher weights and ensemble of its checks, the
+generator, the client's generator term, the histogram asked for once, and one seed one result."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedapp.runtime.payload import PayloadError
+from fedapp.runtime.results import Recorder
+from strategies.fedgen import (FedGenSettings, Generator, diversity_loss, teacher_weights,
+                               train_generator)
+from tests.conftest import InProcessFederation
+from tests.test_hostile_uploads import small_smoke_overrides
+
+D, C, ND, HD = 64, 10, 32, 512  # small_smoke_overrides' d; the generator's defaults
+
+
+def _federation(tmp_path, rounds=3, **extra):
+    recorder = Recorder(tmp_path / "run", method="fedgen", dataset="synthetic", num_clients=3,
+                        num_rounds=rounds, config={}, partition={})
+    overrides = {**small_smoke_overrides("fedgen"), "num_server_rounds": rounds, **extra}
+    return InProcessFederation("fedgen", recorder=recorder, **overrides), recorder
+
+
+def generator_params(nd, c, hd, d):
+    """Linear(nd + C, hd) + BatchNorm1d(hd)'s affine pair + Linear(hd, d)."""
+    return (nd + c) * hd + hd + 2 * hd + hd * d + d
+
+
+def test_generator_size_is_the_specs_285696_at_nd_32_hd_512_d_512():
+    g = Generator(32, 10, 512, 512)
+    assert sum(p.numel() for p in g.parameters()) == generator_params(32, 10, 512, 512) \
+        == 285_696
+    # Head + G down: about 1.16 MB, as the spec says.
+    assert round(4 * (512 * 10 + 10 + 285_696) / 1e6, 2) == 1.16
+
+
+def test_traffic_per_client_per_round_is_the_specs_formula(tmp_path):
+    fed, recorder = _federation(tmp_path)
+    for rnd in (1, 2, 3):
+        fed.fit_round(rnd)
+        fed.evaluate_round(rnd)
+    head = D * C + C
+    per_round = [(r["bytes_up"] / 3, r["bytes_down"] / 3) for r in recorder.history]
+    # Round 1: the head down, with the one-int request for the histogram; the head and the C
+    # label counts (32 bits each) up.
+    assert per_round[0] == (4 * (head + C), 4 * (head + 1))
+    # Then: the head up; the head, G's parameters and the pooled histogram down.
+    for up, down in per_round[1:]:
+        assert up == 4 * head
+        assert down == 4 * (head + generator_params(ND, C, HD, D) + C)
+
+
+def test_teacher_weights_sum_to_one_and_follow_the_sample_counts():
+    counts = np.array([[20, 10, 0], [0, 10, 0]])   # two clients, three labels
+    n = np.array([30.0, 10.0])
+    samples = teacher_weights(counts, n, "samples")
+    np.testing.assert_allclose(samples, [[0.75, 0.25]] * 3)         # n = (30, 10)
+    labels = teacher_weights(counts, n, "label")
+    np.testing.assert_allclose(labels, [[1.0, 0.0], [0.5, 0.5], [0.0, 0.0]])
+    np.testing.assert_allclose(samples.sum(1), 1.0)
+    np.testing.assert_allclose(labels[:2].sum(1), 1.0)   # every label somebody holds
+
+
+def test_with_identical_heads_the_ensemble_is_that_head():
+    # Two copies of one head weighted (.75, .25) train G exactly as the head alone does.
+    settings = FedGenSettings(server_steps=3, noise_dim=4, hidden_dim=8)
+    torch.manual_seed(0)
+    head = {"head.weight": np.random.default_rng(0).normal(size=(C, 6)).astype(np.float32),
+            "head.bias": np.random.default_rng(1).normal(size=C).astype(np.float32)}
+    pool = np.arange(1, C + 1)
+    gens = [Generator(4, C, 8, 6) for _ in range(2)]
+    gens[1].load_state_dict(gens[0].state_dict())
+    loss_two = train_generator(gens[0], [head, head], np.tile([0.75, 0.25], (C, 1)), pool,
+                               settings, batch_size=5, seed=7)
+    loss_one = train_generator(gens[1], [head], np.ones((C, 1)), pool, settings,
+                               batch_size=5, seed=7)
+    assert loss_two == pytest.approx(loss_one, rel=1e-5)
+    # (Compared by output: the bias before BatchNorm has a zero gradient, which Adam turns
+    # into steps of rounding noise, and which BatchNorm's batch statistics cancel.)
+    labels, eps = torch.arange(C), torch.rand(C, 4)
+    torch.testing.assert_close(gens[0](labels, eps), gens[1](labels, eps), rtol=1e-4,
+                               atol=1e-4)
+
+
+def test_generator_outputs_b_by_d_and_its_diversity_term_by_hand():
+    g = Generator(ND, C, HD, D)
+    out = g(torch.tensor([0, 3, 9]), torch.rand(3, ND))
+    assert out.shape == (3, D)
+    # eps 0 and 1 (squared distance 1), features 0 and 2 (absolute distance 2): the mean over
+    # the 2 x 2 pairs of 1 * 2 is 1, so the term is exp(-1).
+    value = diversity_loss(torch.tensor([[0.0], [1.0]]), torch.tensor([[0.0], [2.0]]))
+    assert float(value) == pytest.approx(math.exp(-1))
+
+
+def test_client_term_weight_decays_as_the_authors_code_with_its_floor():
+    s = FedGenSettings()
+    assert s.client_term_weight(1) == 10.0
+    assert s.client_term_weight(2) == pytest.approx(9.8)
+    assert s.client_term_weight(1000) == 1e-4
+    assert FedGenSettings(client_weight=1.0, client_weight_decay=1.0).client_term_weight(50) \
+        == 1.0
+
+
+def test_the_generator_term_trains_the_head_only_and_draws_absent_classes(tmp_path):
+    fed, _ = _federation(tmp_path, partition="pathological", classes_per_client=2)
+    fed.fit_round(1)
+    payload = fed.strategy.fit_payload(2, None)
+    client = fed.client(0)
+    client.receive(payload, 2)
+    own = set(client.data.train_y.tolist())
+    pool = client.label_pool.numpy()
+    assert set(np.flatnonzero(pool)) - own, "the pooled labels include classes it lacks"
+    # Only the head gets a gradient from CE(h(G(y~)), y~).
+    model = client.model
+    labels = torch.arange(C)
+    with torch.no_grad():
+        generated = client.generator(labels, torch.randn(C, ND))
+    model.zero_grad()
+    F.cross_entropy(model.head(generated), labels).backward()
+    assert all(p.grad is None for p in model.extractor.parameters())
+    assert model.head.weight.grad is not None and model.head.weight.grad.abs().sum() > 0
+
+
+def test_the_histogram_is_asked_for_once_and_checked(tmp_path):
+    fed, _ = _federation(tmp_path)
+    first = fed.fit_round(1)
+    assert all("send-label-counts" in sent for sent, _ in first.values())
+    second = fed.fit_round(2)
+    assert not any("send-label-counts" in sent for sent, _ in second.values())
+    strategy = fed.strategy
+    client = next(iter(strategy.clients.values()))
+    assert strategy.label_counts[client.partition_id].sum() == \
+        strategy.train_sizes[client.partition_id]
+    # A new server asks again; a histogram that does not count every sample is refused.
+    fresh, _ = _federation(tmp_path / "again")
+    fresh.fit_round(1)
+    bad = {"label-counts": np.zeros(C, np.int64)}
+    with pytest.raises(PayloadError, match="label counts sum to 0"):
+        fresh.strategy.check_upload(bad, client)
+
+
+def test_one_seed_one_result(tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        fed, _ = _federation(tmp_path / name)
+        for rnd in (1, 2):
+            fed.fit_round(rnd)
+        runs.append(fed.strategy)
+    a, b = runs
+    for k in a.global_head:
+        np.testing.assert_array_equal(a.global_head[k], b.global_head[k])
+    for pa, pb in zip(a.generator.parameters(), b.generator.parameters()):
+        torch.testing.assert_close(pa, pb, rtol=0, atol=0)
