@@ -26,6 +26,7 @@ from strategies.fedper import FedPer, FedPerClient
 from strategies.fedproto import FedProto, FedProtoClient, FedProtoSettings
 from strategies.fedrep import FedRep, FedRepClient, FedRepSettings
 from strategies.felo import Felo, FeloClient, FeloSettings
+from strategies.fml import FML, FMLClient, FMLSettings
 from strategies.lg_fedavg import LgFedAvg, LgFedAvgClient
 from strategies.standalone import Standalone, StandaloneClient
 from strategies.velo import Velo, VeloClient, VeloSettings
@@ -66,6 +67,11 @@ _FELO = {"optimizer": "adam", "lr": 0.001, "weight-decay": 0.0, "grad-clip": 0.0
 # new optimizer every round, no clipping.
 _SGD_HALF = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.5, "grad-clip": 0.0,
              "optimizer-state": "fresh"}
+# HtFLlib's shared recipe (FML, FedMRL, FedKD): plain SGD 0.01 built in every round's training,
+# batch 10 with drop_last, one epoch, d = 512; FML and FedKD clip each model's gradient at 10.
+_HTFL = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.0, "weight-decay": 0.0,
+         "grad-clip": 0.0, "optimizer-state": "fresh", "batch-size": 10, "drop-last": True,
+         "local-epochs": 1, "feature-dim": 512}
 
 METHODS: dict[str, Method] = {
     "standalone": Method("local training only; no communication (lower bound)",
@@ -124,6 +130,9 @@ METHODS: dict[str, Method] = {
     "velo": Method("Felo whose server trains a conditional VAE on the features and sends one "
                    "decoded feature per class", Velo, VeloClient, shared_dim=True,
                    settings=VeloSettings, recipe=_FELO),
+    "fml": Method("a private model and a shared meme model (one architecture, averaged) "
+                  "trained by mutual learning: CE + KL to each other", FML, FMLClient,
+                  settings=FMLSettings, recipe={**_HTFL, "grad-clip": 10.0}),
 }
 
 
