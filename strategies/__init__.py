@@ -21,6 +21,7 @@ from strategies.compfl import CompFL, CompFLClient, CompFLSettings
 from strategies.fedavg import FedAvg, FedAvgClient
 from strategies.fedclassavg import FedClassAvg, FedClassAvgClient, FedClassAvgSettings
 from strategies.fedgh import FedGH, FedGHClient, FedGHSettings
+from strategies.fedmrl import FedMRL, FedMRLClient, FedMRLSettings
 from strategies.fedhe import FedHe, FedHeClient, FedHeSettings
 from strategies.fedper import FedPer, FedPerClient
 from strategies.fedproto import FedProto, FedProtoClient, FedProtoSettings
@@ -133,6 +134,10 @@ METHODS: dict[str, Method] = {
     "fml": Method("a private model and a shared meme model (one architecture, averaged) "
                   "trained by mutual learning: CE + KL to each other", FML, FMLClient,
                   settings=FMLSettings, recipe={**_HTFL, "grad-clip": 10.0}),
+    "fedmrl": Method("a shared small model beside each private one; a private projector fuses "
+                     "both features, the shared head reads its first s dimensions, the private "
+                     "head all (Matryoshka); the shared model is averaged", FedMRL,
+                     FedMRLClient, settings=FedMRLSettings, recipe=_HTFL),
 }
 
 
