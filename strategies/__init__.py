@@ -21,8 +21,9 @@ from strategies.compfl import CompFL, CompFLClient, CompFLSettings
 from strategies.fedavg import FedAvg, FedAvgClient
 from strategies.fedclassavg import FedClassAvg, FedClassAvgClient, FedClassAvgSettings
 from strategies.fedgh import FedGH, FedGHClient, FedGHSettings
-from strategies.fedmrl import FedMRL, FedMRLClient, FedMRLSettings
 from strategies.fedhe import FedHe, FedHeClient, FedHeSettings
+from strategies.fedkd import FedKD, FedKDClient, FedKDSettings
+from strategies.fedmrl import FedMRL, FedMRLClient, FedMRLSettings
 from strategies.fedper import FedPer, FedPerClient
 from strategies.fedproto import FedProto, FedProtoClient, FedProtoSettings
 from strategies.fedrep import FedRep, FedRepClient, FedRepSettings
@@ -138,6 +139,10 @@ METHODS: dict[str, Method] = {
                      "both features, the shared head reads its first s dimensions, the private "
                      "head all (Matryoshka); the shared model is averaged", FedMRL,
                      FedMRLClient, settings=FedMRLSettings, recipe=_HTFL),
+    "fedkd": Method("a private mentor and a shared mentee (averaged) by adaptive mutual "
+                    "distillation (KL + hidden MSE, scaled by the task losses); the mentee's "
+                    "updates travel as truncated SVD factors", FedKD, FedKDClient,
+                    settings=FedKDSettings, recipe={**_HTFL, "grad-clip": 10.0}),
 }
 
 
