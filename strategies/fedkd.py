@@ -261,29 +261,24 @@ class FedKD(SharedModelStrategy):
         return energy(self.cfg.settings, server_round, self.cfg.num_server_rounds)
 
     def fit_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
-        s = self.cfg.settings
         if client is None:
             return {}
+        s = self.cfg.settings
+        # One dict per distinct download and round: encoded once, whoever it goes to.
         if s.compress == "weights":
-            kind: tuple = ("weights", server_round)
-            make = lambda: compress(self.shared_model, self.threshold(server_round),  # noqa
-                                    s.rank_rule)
-        else:
-            held = self.holds.get(client.partition_id, 0)
-            if held == self.version:
-                kind, make = (held,), lambda: {}
-            elif held == self.version - 1:
-                kind, make = (held,), lambda: self.last_update
-            else:
-                kind, make = (-1,), lambda: self.shared_model
-            versions = np.array([kind[0], self.version], np.int64)
-            body = make
-            make = lambda: {**body(), VERSION: versions}  # noqa: E731
-        # One dict per kind and round: encoded once a round, whoever it goes to.
-        key = (server_round, self.version, *kind)
+            key: tuple = ("weights", server_round, self.version)
+            if key not in self._sent:
+                self._sent = {key: compress(self.shared_model, self.threshold(server_round),
+                                            s.rank_rule)}
+            return self._sent[key]
+        held = self.holds.get(client.partition_id, 0)
+        start = held if held in (self.version, self.version - 1) else -1  # -1: the whole phi
+        key = (start, self.version)
         if key not in self._sent:
-            self._sent = {k: v for k, v in self._sent.items() if k[:2] == key[:2]}
-            self._sent[key] = make()
+            body = ({} if start == self.version else self.last_update if start >= 0
+                    else self.shared_model)
+            self._sent = {k: v for k, v in self._sent.items() if k[-1] == self.version}
+            self._sent[key] = {**body, VERSION: np.array(key, np.int64)}
         return self._sent[key]
 
     def validate_upload(self, payload: Payload, client: ClientInfo) -> None:
