@@ -24,10 +24,13 @@ from strategies.fedgen import FedGen, FedGenClient, FedGenSettings
 from strategies.fedgh import FedGH, FedGHClient, FedGHSettings
 from strategies.fedhe import FedHe, FedHeClient, FedHeSettings
 from strategies.fedl2g import FedL2G, FedL2GClient, FedL2GSettings
+from strategies.fedkd import FedKD, FedKDClient, FedKDSettings
+from strategies.fedmrl import FedMRL, FedMRLClient, FedMRLSettings
 from strategies.fedper import FedPer, FedPerClient
 from strategies.fedproto import FedProto, FedProtoClient, FedProtoSettings
 from strategies.fedrep import FedRep, FedRepClient, FedRepSettings
 from strategies.felo import Felo, FeloClient, FeloSettings
+from strategies.fml import FML, FMLClient, FMLSettings
 from strategies.lg_fedavg import LgFedAvg, LgFedAvgClient
 from strategies.standalone import Standalone, StandaloneClient
 from strategies.velo import Velo, VeloClient, VeloSettings
@@ -68,6 +71,12 @@ _FELO = {"optimizer": "adam", "lr": 0.001, "weight-decay": 0.0, "grad-clip": 0.0
 # new optimizer every round, no clipping.
 _SGD_HALF = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.5, "grad-clip": 0.0,
              "optimizer-state": "fresh"}
+# HtFLlib's shared client recipe (FD, FedRE, FedTGP, FedGen, FedL2G, FML, FedMRL, FedKD): plain
+# SGD 0.01 without momentum, weight decay or clipping, built in every round's train(); batch 10,
+# one epoch, drop_last; d = 512. FedL2G clips at 100, FML and FedKD at 10.
+_HTFLLIB = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.0, "weight-decay": 0.0,
+            "grad-clip": 0.0, "optimizer-state": "fresh", "batch-size": 10, "drop-last": True,
+            "local-epochs": 1, "local-steps": 0, "feature-dim": 512}
 
 METHODS: dict[str, Method] = {
     "standalone": Method("local training only; no communication (lower bound)",
@@ -129,21 +138,22 @@ METHODS: dict[str, Method] = {
     "fedgen": Method("heads averaged; the server trains a feature generator on the ensemble of "
                      "the heads, and clients train their heads on its features too",
                      FedGen, FedGenClient, shared_dim=True, settings=FedGenSettings,
-                     # HtFLlib's (clientgen.py, main.py): plain SGD built every round, B 10,
-                     # one epoch, drop_last, d = 512.
-                     recipe={"optimizer": "sgd", "lr": 0.01, "momentum": 0.0,
-                             "weight-decay": 0.0, "grad-clip": 0.0, "optimizer-state": "fresh",
-                             "batch-size": 10, "drop-last": True, "local-epochs": 1,
-                             "local-steps": 0, "feature-dim": 512}),
+                     recipe=_HTFLLIB),
     "fedl2g": Method("learnable per-class guiding vectors (features or logits) the server updates "
                      "with the clients' meta-gradients of a held-out quiz loss; CE + MSE to them",
                      FedL2G, FedL2GClient, settings=FedL2GSettings,
-                     # HtFLlib's (clientl2g_feat.py): plain SGD built every round, gradients
-                     # clipped at 100, B 10, one epoch, drop_last, d = 512.
-                     recipe={"optimizer": "sgd", "lr": 0.01, "momentum": 0.0,
-                             "weight-decay": 0.0, "grad-clip": 100.0,
-                             "optimizer-state": "fresh", "batch-size": 10, "drop-last": True,
-                             "local-epochs": 1, "local-steps": 0, "feature-dim": 512}),
+                     recipe={**_HTFLLIB, "grad-clip": 100.0}),  # clientl2g_feat.py:53
+    "fml": Method("a private model and a shared meme model (one architecture, averaged) "
+                  "trained by mutual learning: CE + KL to each other", FML, FMLClient,
+                  settings=FMLSettings, recipe={**_HTFLLIB, "grad-clip": 10.0}),
+    "fedmrl": Method("a shared small model beside each private one; a private projector fuses "
+                     "both features, the shared head reads its first s dimensions, the private "
+                     "head all (Matryoshka); the shared model is averaged", FedMRL,
+                     FedMRLClient, settings=FedMRLSettings, recipe=_HTFLLIB),
+    "fedkd": Method("a private mentor and a shared mentee (averaged) by adaptive mutual "
+                    "distillation (KL + hidden MSE, scaled by the task losses); the mentee's "
+                    "updates travel as truncated SVD factors", FedKD, FedKDClient,
+                    settings=FedKDSettings, recipe={**_HTFLLIB, "grad-clip": 10.0}),
 }
 
 

@@ -151,6 +151,13 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path, spawn):
     assert summary["peer_traffic"]["edges"] == 1
     assert (out / "deployed-walk" / "edges.json").exists()
 
+    # A shared-model method: FML's meme model (FedGH's CNN-5 at d = 512, the smallest of the
+    # mix: 531,390 floats), the largest payload here, crosses the wire whole each way.
+    _, summary = deployed_run("deployed-fml", "--set", 'method="fml"')
+    assert summary["failures"] == 0 and set(summary["accuracy"]["per_client"]) == {"0", "1"}
+    assert summary["communication"]["per_client_per_round_up"] == \
+        summary["communication"]["per_client_per_round_down"] == 531_390 * 4
+
     assert intruder.wait(timeout=60) != 0
     assert "Failed to activate SuperNode" in (tmp_path / "intruder.log").read_text()
     assert "No SuperNode found with the given public key" in (

@@ -230,6 +230,11 @@ class FedClient(NumPyClient):
         as ``accuracy-own-head``); None = the model's own head is the headline."""
         return None
 
+    def predictor(self) -> torch.nn.Module:
+        """What predicts at evaluation: the private model (default), or a method's composite
+        of it with other modules (FedMRL's shared and private extractors with a projector)."""
+        return self.model
+
     def local_steps(self) -> int:
         """Mini-batches per update (``local-steps``); 0 = ``local-epochs`` full passes."""
         return self.cfg.local_steps
@@ -370,7 +375,7 @@ class FedClient(NumPyClient):
         self._recover_state(config, int(config.get("server-round", 0)))
         self._take_back_state()
         changed = self.receive_for_evaluation(from_ndarrays(parameters))
-        loss, accuracy = evaluate(self.model, self.data.test_x, self.data.test_y)
+        loss, accuracy = evaluate(self.predictor(), self.data.test_x, self.data.test_y)
         variants = (self.evaluation_variants(self.data.test_x, self.data.test_y)
                     if len(self.data.test_y) else {})
         if self.headline_variant() in variants:  # e.g. FedProto's nearest-prototype rule
@@ -378,7 +383,7 @@ class FedClient(NumPyClient):
         metrics: dict[str, Any] = {**self.identity(), "accuracy": accuracy}
         metrics.update({f"accuracy-{name}": value for name, value in variants.items()})
         if self.global_test is not None:
-            metrics["global-loss"], metrics["global-accuracy"] = evaluate(self.model,
+            metrics["global-loss"], metrics["global-accuracy"] = evaluate(self.predictor(),
                                                                           *self.global_test)
         if not changed:
             # Nothing was installed for evaluation, so the model still equals context.state.

@@ -1,0 +1,199 @@
+"""FedKD: the SVD codec, the energy schedule, the bytes of the factors actually sent, the
+adaptive loss by hand, the mentee kept in step with the server's."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.common import (Code, FitRes, Status, ndarrays_to_parameters,
+                         parameters_to_ndarrays)
+
+import fedapp.runtime.client_base as client_base
+import strategies.fedkd as fedkd
+from fedapp.runtime.payload import PayloadError, decode, encode, to_ndarrays, wire_size
+from fedapp.runtime.two_models import SHARED_STATE_KEY
+from strategies.fedkd import (FedKDSettings, compress, decompress, energy, fedkd_loss,
+                              svd_rank)
+from tests.conftest import InProcessFederation
+from tests.test_hostile_uploads import small_smoke_overrides
+
+
+def _matrix(singular_values, m, n, seed=0):
+    rng = np.random.default_rng(seed)
+    u, _ = np.linalg.qr(rng.normal(size=(m, len(singular_values))))
+    v, _ = np.linalg.qr(rng.normal(size=(n, len(singular_values))))
+    return ((u * np.asarray(singular_values, float)) @ v.T).astype(np.float32)
+
+
+def test_the_rank_holds_the_energy_and_the_full_rank_is_tried():
+    s = np.array([3.0, 2.0, 1.0])  # cumulative energies 0.643, 0.929, 1
+    assert svd_rank(s, 0.95) == 3 and svd_rank(s, 0.9) == 2 and svd_rank(s, 0.5) == 1
+    assert svd_rank(s, 0.95, "htfllib") == 0  # HtFLlib's search never tries r = 3
+    assert svd_rank(s, 0.9, "htfllib") == 2
+    assert svd_rank(np.zeros(4), 0.95) == 0
+
+
+def test_a_matrix_needing_its_full_rank_is_sent_exactly():
+    full = _matrix([3.0, 2.0, 1.0], 3, 3)
+    sent = compress({"w": full}, 0.95)
+    assert set(sent) == {"w"} and np.array_equal(decompress(sent, {"w": full})["w"], full)
+    # HtFLlib's rank search sends it as zeros (rank-0 factors).
+    zeros = compress({"w": full}, 0.95, "htfllib")
+    assert zeros["w:s"].shape == (0,)
+    assert not decompress(zeros, {"w": full})["w"].any()
+
+
+def test_factors_cost_r_m_plus_n_plus_1_floats_and_keep_the_energy():
+    low = _matrix([3.0, 2.0, 1.0], 40, 30)
+    like = {"w": low, "b": np.ones(40, np.float32)}
+    sent = compress(like, 0.95)
+    assert {k: v.shape for k, v in sent.items()} == {
+        "w:U": (40, 3), "w:s": (3,), "w:V": (3, 30), "b": (40,)}
+    assert wire_size(encode(sent)).data == (3 * (40 + 30 + 1) + 40) * 4
+    np.testing.assert_allclose(decompress(sent, like)["w"], low, atol=1e-5)
+    rng = np.random.default_rng(3)
+    dense = rng.normal(size=(40, 30)).astype(np.float32)
+    got = decompress(compress({"w": dense}, 0.9), {"w": dense})["w"]
+    assert np.linalg.norm(got - dense) <= math.sqrt(1 - 0.9) * np.linalg.norm(dense)
+    # A convolution is flattened to out x in*k*k, not sliced per kernel position.
+    conv = rng.normal(size=(8, 3, 5, 5)).astype(np.float32)
+    sent = compress({"c": conv}, 0.5)
+    assert sent["c:U"].shape[0] == 8 and sent["c:V"].shape[1] == 75
+    assert decompress(sent, {"c": conv})["c"].shape == conv.shape
+
+
+def test_the_energy_threshold_rises_from_start_to_end():
+    s = FedKDSettings()
+    assert energy(s, 1, 10) == pytest.approx(0.95)
+    assert energy(s, 6, 10) == pytest.approx(0.965)
+    assert energy(s, 11, 10) == pytest.approx(0.98)
+
+
+def _expected_bytes(arrays, threshold):
+    """The codec's bytes counted independently: r (m + n + 1) floats per factorised matrix."""
+    total = 0
+    for a in arrays.values():
+        if a.dtype.kind == "f" and a.ndim >= 2 and a.shape[0] > 1:
+            m = a.reshape(a.shape[0], -1)
+            s = np.linalg.svd(m.astype(np.float64), compute_uv=False)
+            cum = np.cumsum(s ** 2)
+            r = 0 if cum[-1] == 0 else int(np.argmax(cum > threshold * cum[-1])) + 1
+            floats = r * (sum(m.shape) + 1)
+            total += 4 * (m.size if r and floats >= m.size else floats)
+        else:
+            total += a.nbytes
+    return total
+
+
+def test_each_round_sends_exactly_the_bytes_of_the_factors(monkeypatch):
+    calls = []
+    real = fedkd.compress
+
+    def recording(arrays, threshold, rule="energy"):
+        out = real(arrays, threshold, rule)
+        calls.append((arrays, threshold, out))
+        return out
+    monkeypatch.setattr(fedkd, "compress", recording)
+    fed = InProcessFederation("fedkd", **{**small_smoke_overrides("fedkd"), "num_server_rounds": 4})
+    fed.fit_round(1)
+    # Round 1: every client starts from the run's initial mentee: only the versions travel.
+    assert sorted(s.data for s in fed.strategy._down.values()) == [16] * 3
+    uploads = calls[:3]
+    assert all(t == pytest.approx(0.95) for _, t, _ in uploads)
+    assert sorted(s.data for s in fed.strategy._up.values()) == \
+        sorted(_expected_bytes(a, 0.95) for a, _, _ in uploads)
+    server_update, threshold, sent = calls[3]
+    assert threshold == pytest.approx(0.95)
+    assert any(k.endswith(":U") for k in sent)  # factors really travel
+    calls.clear()
+    fed.fit_round(2)
+    # Round 2: the compressed average update, plus the two versions.
+    assert [s.data for s in fed.strategy._down.values()] == \
+        [_expected_bytes(server_update, 0.95) + 16] * 3
+    assert all(t == pytest.approx(0.95 + 0.03 / 4) for _, t, _ in calls)
+    assert sorted(s.data for s in fed.strategy._up.values()) == \
+        sorted(_expected_bytes(a, t) for a, t, _ in calls[:3])
+
+
+def test_clients_keep_the_global_mentee_the_server_has_and_refuse_an_update_out_of_step():
+    client_base._MODEL_CACHE.clear()
+    fed = InProcessFederation("fedkd", **small_smoke_overrides("fedkd"))
+    fed.fit_round(1)
+    first = dict(fed.strategy.shared_model)
+    fed.fit_round(2)
+    for context in fed.contexts:  # each kept the global mentee its round started from
+        kept = {k: v.numpy() for k, v in context.state[SHARED_STATE_KEY]
+                .to_torch_state_dict().items()}
+        assert all(np.array_equal(kept[k], first[k]) for k in first)
+    # A client that lost its state (version 0) refuses the update from version 1 ...
+    from flwr.app import RecordDict
+    fed.contexts[0].state = RecordDict()
+    client_base._MODEL_CACHE.clear()
+    results = []
+    for proxy, ins in fed.strategy.configure_fit(3, None, fed.manager):
+        pid = proxy.identity["partition-id"]
+        if pid == 0:
+            with pytest.raises(PayloadError, match="holds version 0"):
+                fed.client(0).fit(parameters_to_ndarrays(ins.parameters), ins.config)
+            continue
+        arrays, n, metrics = fed.client(pid).fit(parameters_to_ndarrays(ins.parameters),
+                                                 ins.config)
+        results.append((proxy, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n,
+                                      metrics)))
+    fed.strategy.aggregate_fit(3, results, [RuntimeError("client 0 failed")])
+    # ... and, not counted as holding the new one, is sent the whole mentee next time.
+    sent = {p.identity["partition-id"]: decode(i.parameters)
+            for p, i in fed.strategy.configure_fit(4, None, fed.manager)}
+    assert list(sent[0]["fedkd.version"]) == [-1, 3]
+    assert all(np.array_equal(sent[0][k], fed.strategy.shared_model[k])
+               for k in fed.strategy.shared_model)
+    assert [list(sent[p]["fedkd.version"]) for p in (1, 2)] == [[2, 3]] * 2
+    fed.client(0).fit(parameters_to_ndarrays(ndarrays_to_parameters(
+        to_ndarrays(sent[0]))), {"server-round": 4})
+
+
+def test_the_adaptive_loss_by_hand():
+    o, o_m = torch.zeros(1, 2), torch.tensor([[math.log(9.0), 0.0]])  # p = (.5,.5), q = (.9,.1)
+    z, z_m = torch.tensor([[1.0, 2.0]]), torch.tensor([[1.0]])
+    w_h = torch.nn.Linear(1, 2, bias=False)
+    with torch.no_grad():
+        w_h.weight.copy_(torch.tensor([[1.0], [0.0]]))  # W_h z' = (1, 0): MSE = (0 + 4) / 2
+    y = torch.tensor([0])
+    task, task_m = math.log(2), -math.log(0.9)
+    kl_qp = 0.9 * math.log(1.8) + 0.1 * math.log(0.2)
+    kl_pq = 0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(5.0)
+    expected = task + task_m + (kl_qp + kl_pq + 2.0) / (task + task_m)
+    assert fedkd_loss(o, z, o_m, z_m, w_h, y, FedKDSettings()).item() == pytest.approx(
+        expected, rel=1e-6)
+    htfl = task + task_m + (kl_qp + kl_pq + 4.0) / (task + task_m)
+    assert fedkd_loss(o, z, o_m, z_m, w_h, y, FedKDSettings(htfllib_loss=True)).item() == \
+        pytest.approx(htfl, rel=1e-6)
+
+
+def test_htfllibs_weights_mode_sends_the_compressed_mentee_itself():
+    fed = InProcessFederation("fedkd", **small_smoke_overrides("fedkd"),
+                              **{"fedkd.compress": "weights"})
+    initial = dict(fed.strategy.shared_model)
+    seen = fed.fit_round(1)
+    sent = next(iter(seen.values()))[0]
+    # Freshly initialised weights need their full rank: they travel exactly, no versions.
+    assert sent.keys() == initial.keys()
+    assert all(np.array_equal(sent[k], initial[k]) for k in initial)
+    uploaded = decode(next(iter(seen.values()))[1].parameters)
+    assert all(not k.endswith(":U") or v.shape[1] > 0 for k, v in uploaded.items())
+
+
+def test_same_seed_same_run():
+    def run():
+        client_base._MODEL_CACHE.clear()
+        fed = InProcessFederation("fedkd", **small_smoke_overrides("fedkd"), fraction_fit=0.6)
+        for rnd in (1, 2, 3):
+            fed.fit_round(rnd)
+        return fed.strategy.shared_model, fed.evaluate_round(3)
+    (a, acc_a), (b, acc_b) = run(), run()
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert {p: m["accuracy"] for p, m in acc_a.items()} == \
+        {p: m["accuracy"] for p, m in acc_b.items()}
