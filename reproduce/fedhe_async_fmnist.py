@@ -117,7 +117,8 @@ def claims(results: dict[str, list[dict]]) -> list[str]:
         a, b = acc[fedhe], acc[PRIVATE]
         out.append(f"{fedhe} ≥ Private (paper): {verdict(a, b)} ({np.mean(a):.4f} vs "
                    f"{np.mean(b):.4f}, a difference of {np.mean(a) - np.mean(b):+.4f}; seed "
-                   f"std {np.std(a):.4f} and {np.std(b):.4f})")
+                   f"std {np.std(a):.4f} and {np.std(b):.4f}; seed by seed "
+                   + ", ".join(f"{x - y:+.4f}" for x, y in zip(a, b)) + ")")
     a, b = acc["FedHe asynchronous"], acc["FedHe synchronous"]
     out.append(f"asynchronous as good as synchronous at the same number of updates: "
                f"{verdict(a, b)} ({np.mean(a):.4f} vs {np.mean(b):.4f})")
