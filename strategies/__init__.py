@@ -18,6 +18,7 @@ from fedapp.config import (RECIPE_KEYS, SHARED_KEYS, ConfigError, RunConfig, exp
 from fedapp.runtime.client_base import FedClient
 from fedapp.runtime.strategy_base import FedStrategy
 from strategies.compfl import CompFL, CompFLClient, CompFLSettings
+from strategies.fd import FD, FDClient, FDSettings
 from strategies.fedavg import FedAvg, FedAvgClient
 from strategies.fedclassavg import FedClassAvg, FedClassAvgClient, FedClassAvgSettings
 from strategies.fedgh import FedGH, FedGHClient, FedGHSettings
@@ -66,6 +67,11 @@ _FELO = {"optimizer": "adam", "lr": 0.001, "weight-decay": 0.0, "grad-clip": 0.0
 # new optimizer every round, no clipping.
 _SGD_HALF = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.5, "grad-clip": 0.0,
              "optimizer-state": "fresh"}
+# HtFLlib's shared client recipe (FD, FedRE, FedTGP): plain SGD 0.01 without momentum, weight
+# decay or clipping, built in every round's train(); batch 10, one epoch, drop_last; d = 512.
+_HTFLLIB = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.0, "weight-decay": 0.0,
+            "grad-clip": 0.0, "optimizer-state": "fresh", "batch-size": 10, "drop-last": True,
+            "local-epochs": 1, "local-steps": 0, "feature-dim": 512}
 
 METHODS: dict[str, Method] = {
     "standalone": Method("local training only; no communication (lower bound)",
@@ -124,6 +130,9 @@ METHODS: dict[str, Method] = {
     "velo": Method("Felo whose server trains a conditional VAE on the features and sends one "
                    "decoded feature per class", Velo, VeloClient, shared_dim=True,
                    settings=VeloSettings, recipe=_FELO),
+    "fd": Method("federated distillation: per-class average logits up, the other clients' "
+                 "per-class averages down; CE + lambda * soft CE to them (any architectures)",
+                 FD, FDClient, settings=FDSettings, asynchronous=True, recipe=_HTFLLIB),
 }
 
 
