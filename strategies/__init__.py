@@ -25,6 +25,7 @@ from strategies.fedgh import FedGH, FedGHClient, FedGHSettings
 from strategies.fedhe import FedHe, FedHeClient, FedHeSettings
 from strategies.fedper import FedPer, FedPerClient
 from strategies.fedproto import FedProto, FedProtoClient, FedProtoSettings
+from strategies.fedre import FedRE, FedREClient, FedRESettings
 from strategies.fedrep import FedRep, FedRepClient, FedRepSettings
 from strategies.felo import Felo, FeloClient, FeloSettings
 from strategies.lg_fedavg import LgFedAvg, LgFedAvgClient
@@ -133,6 +134,12 @@ METHODS: dict[str, Method] = {
     "fd": Method("federated distillation: per-class average logits up, the other clients' "
                  "per-class averages down; CE + lambda * soft CE to them (any architectures)",
                  FD, FDClient, settings=FDSettings, asynchronous=True, recipe=_HTFLLIB),
+    "fedre": Method("one random convex mix of the class prototypes with its soft label up; the "
+                    "server trains a global head on the mixes and sends it",
+                    FedRE, FedREClient, shared_dim=True, settings=FedRESettings,
+                    asynchronous=True,
+                    # The FedRE repository's defaults (main.py: -lr 0.03, -lbs 64).
+                    recipe={**_HTFLLIB, "lr": 0.03, "batch-size": 64}),
 }
 
 
