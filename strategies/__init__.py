@@ -27,6 +27,7 @@ from strategies.fedper import FedPer, FedPerClient
 from strategies.fedproto import FedProto, FedProtoClient, FedProtoSettings
 from strategies.fedre import FedRE, FedREClient, FedRESettings
 from strategies.fedrep import FedRep, FedRepClient, FedRepSettings
+from strategies.fedtgp import FedTGP, FedTGPClient, FedTGPSettings
 from strategies.felo import Felo, FeloClient, FeloSettings
 from strategies.lg_fedavg import LgFedAvg, LgFedAvgClient
 from strategies.standalone import Standalone, StandaloneClient
@@ -140,6 +141,10 @@ METHODS: dict[str, Method] = {
                     asynchronous=True,
                     # The FedRE repository's defaults (main.py: -lr 0.03, -lbs 64).
                     recipe={**_HTFLLIB, "lr": 0.03, "batch-size": 64}),
+    "fedtgp": Method("FedProto whose server trains the global prototypes (a class-embedding "
+                     "network) with an adaptive margin; nearest-prototype inference",
+                     FedTGP, FedTGPClient, shared_dim=True, settings=FedTGPSettings,
+                     recipe=_HTFLLIB),
 }
 
 

@@ -17,8 +17,8 @@ in plain means (no "+1"), and in a server that averages per client.
 Choices, each a setting (docs/htfl-methods-1.md):
 
 - ``fd.exclude-own`` (default true): client i receives the average of the *other* clients'
-  rows, the paper's F^(i) (Algorithm 1 subtracts the device's own logits from the global sum);
-  false includes its own row, as HtFLlib does.
+  rows, our reading of the paper's per-device global average F^(i); false includes its own
+  row, as HtFLlib does.
 - ``fd.raw-target`` (default false): HtFLlib since ca3e29a uses the raw averaged logits as the
   soft target; the gradient is then ``sum(T) * softmax(o) - T``, no longer distillation.
 - ``fd.self-target`` (default false): HtFLlib lets a sample whose class has no row target its

@@ -1,4 +1,4 @@
-"""FD: C * (C + 1) numbers each way per client per round, the spec's hand-computed loss and
+"""FD: C * (C + 1) numbers each way per client per round, the hand-computed loss and
 server checks, the parity options, and the server's two histories."""
 
 import math
@@ -35,7 +35,7 @@ def test_c_times_c_plus_one_numbers_each_way_from_the_encoded_payloads(tmp_path)
     assert round1["eval_bytes_down"] == 0  # inference is the client's own model
 
 
-def test_the_spec_checks_of_the_distillation_term():
+def test_hand_computed_of_the_distillation_term():
     o = torch.zeros(1, 2, requires_grad=True)
     y = torch.tensor([0])
     table, has = torch.tensor([[2.0, -1.0], [0.0, 0.0]]), torch.tensor([True, False])
