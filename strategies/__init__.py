@@ -18,6 +18,7 @@ from fedapp.config import (RECIPE_KEYS, SHARED_KEYS, ConfigError, RunConfig, exp
 from fedapp.runtime.client_base import FedClient
 from fedapp.runtime.strategy_base import FedStrategy
 from strategies.compfl import CompFL, CompFLClient, CompFLSettings
+from strategies.fd import FD, FDClient, FDSettings
 from strategies.fedavg import FedAvg, FedAvgClient
 from strategies.fedclassavg import FedClassAvg, FedClassAvgClient, FedClassAvgSettings
 from strategies.fedgen import FedGen, FedGenClient, FedGenSettings
@@ -28,7 +29,9 @@ from strategies.fedkd import FedKD, FedKDClient, FedKDSettings
 from strategies.fedmrl import FedMRL, FedMRLClient, FedMRLSettings
 from strategies.fedper import FedPer, FedPerClient
 from strategies.fedproto import FedProto, FedProtoClient, FedProtoSettings
+from strategies.fedre import FedRE, FedREClient, FedRESettings
 from strategies.fedrep import FedRep, FedRepClient, FedRepSettings
+from strategies.fedtgp import FedTGP, FedTGPClient, FedTGPSettings
 from strategies.felo import Felo, FeloClient, FeloSettings
 from strategies.fml import FML, FMLClient, FMLSettings
 from strategies.lg_fedavg import LgFedAvg, LgFedAvgClient
@@ -154,6 +157,19 @@ METHODS: dict[str, Method] = {
                     "distillation (KL + hidden MSE, scaled by the task losses); the mentee's "
                     "updates travel as truncated SVD factors", FedKD, FedKDClient,
                     settings=FedKDSettings, recipe={**_HTFLLIB, "grad-clip": 10.0}),
+    "fd": Method("federated distillation: per-class average logits up, the other clients' "
+                 "per-class averages down; CE + lambda * soft CE to them (any architectures)",
+                 FD, FDClient, settings=FDSettings, asynchronous=True, recipe=_HTFLLIB),
+    "fedre": Method("one random convex mix of the class prototypes with its soft label up; the "
+                    "server trains a global head on the mixes and sends it",
+                    FedRE, FedREClient, shared_dim=True, settings=FedRESettings,
+                    asynchronous=True,
+                    # The FedRE repository's defaults (main.py: -lr 0.03, -lbs 64).
+                    recipe={**_HTFLLIB, "lr": 0.03, "batch-size": 64}),
+    "fedtgp": Method("FedProto whose server trains the global prototypes (a class-embedding "
+                     "network) with an adaptive margin; nearest-prototype inference",
+                     FedTGP, FedTGPClient, shared_dim=True, settings=FedTGPSettings,
+                     recipe=_HTFLLIB),
 }
 
 

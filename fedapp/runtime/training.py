@@ -7,9 +7,10 @@ only the loss, through the ``loss_fn(x, y) -> Tensor`` they pass in.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -142,3 +143,16 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
         loss += F.cross_entropy(logits, target, reduction="sum")
         correct += (logits.argmax(1) == target).sum()
     return float(loss) / len(y), float(correct) / len(y)
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the block on one CPU thread, then restore the thread count: a tiny server-side
+    model (FedTGP's prototype network, a head) trains many times faster on one thread than
+    on a CPU the clients already keep busy, where every small kernel waits for its threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,156 @@
+"""FD, Federated Distillation (Jeong et al., 2018): clients share only per-class average logits.
+
+Nothing of a model travels, so any architecture with the same C classes takes part. While
+training, a client sums every training-time logit vector per class (train mode, before each
+step, over all local epochs) and uploads their means ``F_c`` with the labels: at most
+C * (C + 1) numbers. The server averages each class's row over the clients that sent it,
+every client counting once (not weighted by samples), and sends the rows back; a client trains
+with ``CE(o, y) + lambda * softCE(o, T)``, where ``T = softmax(G[y])`` is the federation's
+average logit vector of the sample's class turned into a distribution — the paper's
+cross-entropy regulariser, i.e. distillation at temperature 1. Samples whose class has no row
+add nothing. Inference is the client's own model.
+
+The client side is FedHe's (``strategies.fedhe``: the same per-class logit table and running
+sums; FedHe is FD with an MSE logit loss and an asynchronous store); FD differs in its loss,
+in plain means (no "+1"), and in a server that averages per client.
+
+Choices, each a setting (docs/htfl-methods-1.md):
+
+- ``fd.exclude-own`` (default true): client i receives the average of the *other* clients'
+  rows, our reading of the paper's per-device global average F^(i); false includes its own
+  row, as HtFLlib does.
+- ``fd.raw-target`` (default false): HtFLlib since ca3e29a uses the raw averaged logits as the
+  soft target; the gradient is then ``sum(T) * softmax(o) - T``, no longer distillation.
+- ``fd.self-target`` (default false): HtFLlib lets a sample whose class has no row target its
+  own detached logits; under raw targets that pulls o towards itself with a nonzero gradient.
+- ``fd.history``: which uploads the server averages. ``round`` (HtFLlib) replaces the table
+  with each round's senders; ``latest-per-client`` keeps every client's newest upload, the
+  store that lets the server fold in one upload at a time (``server-loop = "async"``). With
+  every client in every round both are the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedapp.config import ConfigError, RunConfig, opt
+from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
+from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
+from strategies.fedhe import FedHeClient
+
+
+@dataclass(frozen=True)
+class FDSettings:
+    """``fd.*``: the distillation term and the server's table."""
+
+    lam: float = opt(1.0, "weight lambda of the distillation term", low=0.0, key="lambda")
+    exclude_own: bool = opt(True, "send each client the average of the other clients' logits "
+                            "(the paper's F^(i)); false = include its own (HtFLlib)")
+    raw_target: bool = opt(False, "HtFLlib parity: the raw averaged logits as the soft target "
+                           "(default: their softmax, distillation at temperature 1)")
+    self_target: bool = opt(False, "HtFLlib parity: a sample whose class has no global logits "
+                            "targets its own detached logits (default: it adds nothing)")
+    history: str = opt("round", "uploads the server averages: 'round' (the last round's "
+                       "senders, HtFLlib) or 'latest-per-client' (each client's newest; needed "
+                       "by server-loop = 'async')", choices=("round", "latest-per-client"))
+
+    def check(self, cfg: RunConfig) -> None:
+        if cfg.server_loop == "async" and self.history == "round":
+            raise ConfigError(
+                "setting fd.history = 'round' is invalid with server-loop = 'async': without "
+                "rounds the server keeps each client's latest logits; set fd.history = "
+                "\"latest-per-client\".")
+
+
+def distillation(logits: torch.Tensor, y: torch.Tensor, class_logits: torch.Tensor,
+                 has_logits: torch.Tensor, raw_target: bool = False,
+                 self_target: bool = False) -> torch.Tensor:
+    """Mean over the batch of ``softCE(o_b, T_b) = -sum_c T_bc log softmax(o_b)_c`` with
+    ``T_b = softmax(G[y_b])`` (``raw_target``: ``G[y_b]`` itself). A sample whose class has no
+    row in G adds zero (``self_target``: its target is its own detached logits)."""
+    rows, has = class_logits[y], has_logits[y]
+    if self_target:
+        rows = torch.where(has[:, None], rows, logits.detach())
+        has = torch.ones_like(has)
+    target = rows if raw_target else F.softmax(rows, 1)
+    per_sample = -(target * F.log_softmax(logits, 1)).sum(1)
+    return (per_sample * has).mean()
+
+
+class FDClient(FedHeClient):
+    """CE + lambda * distillation to the federation's class logits; uploads its own."""
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = self.model(x)
+        self.logit_sums.add(logits, y)  # train mode, before the step: what the paper averages
+        loss = F.cross_entropy(logits, y)
+        s = self.cfg.settings
+        if s.lam > 0 and bool(self.has_logits.any()):
+            loss = loss + s.lam * distillation(logits, y, self.class_logits, self.has_logits,
+                                               s.raw_target, s.self_target)
+        return loss
+
+    def upload(self) -> Payload:
+        means = self.logit_sums.means()
+        return {"logits": means.means, "labels": means.labels}
+
+
+def _table(sums: np.ndarray, counts: np.ndarray) -> Payload:
+    """Rows ``sums / counts`` of the classes with a count, as ``{"logits", "labels"}``."""
+    labels = np.flatnonzero(counts > 0)
+    if not len(labels):
+        return {}
+    return {"logits": (sums[labels] / counts[labels, None]).astype(np.float32),
+            "labels": labels.astype(np.int32)}
+
+
+class FD(FedStrategy):
+    """Averages each class's logits over the clients that sent it (each client counts once)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings: FDSettings = self.cfg.settings
+        c = self.num_classes
+        self.client_logits: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # pid -> (labels, F)
+        self.sums = np.zeros((c, c), np.float64)
+        self.counts = np.zeros(c, np.float64)
+        self._payload: Payload = {}
+
+    def fit_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
+        own = self.client_logits.get(client.partition_id) if client is not None else None
+        if not self.settings.exclude_own or own is None:
+            return self._payload  # one object for everyone: encoded once
+        labels, logits = own
+        sums, counts = self.sums.copy(), self.counts.copy()
+        sums[labels] -= logits
+        counts[labels] -= 1
+        return _table(sums, counts)
+
+    def upload_spec(self, client: ClientInfo) -> dict[str, ArraySpec]:
+        return {"logits": ArraySpec((None, self.num_classes)), "labels": self.label_spec()}
+
+    def check_upload(self, payload: Payload, client: ClientInfo) -> None:
+        labels = payload["labels"]
+        if len(labels) != len(payload["logits"]) or len(labels) == 0:
+            raise PayloadError(f"{len(payload['logits'])} logit vectors for {len(labels)} labels")
+        if len(np.unique(labels)) != len(labels):
+            raise PayloadError("a class appears twice among the labels")
+
+    def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
+        if self.settings.history == "round":
+            self.client_logits = {}
+        for u in uploads:
+            self.client_logits[u.client.partition_id] = (
+                u.payload["labels"].astype(np.int64), u.payload["logits"].astype(np.float64))
+        # Summed afresh in partition order: the result does not depend on arrival order.
+        self.sums[:] = 0.0
+        self.counts[:] = 0.0
+        for pid in sorted(self.client_logits):
+            labels, logits = self.client_logits[pid]
+            self.sums[labels] += logits  # labels are unique within an upload
+            self.counts[labels] += 1
+        self._payload = _table(self.sums, self.counts)

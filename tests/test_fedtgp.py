@@ -1,0 +1,108 @@
+"""FedTGP: K (d + 1) numbers up and C d down per client per round, the hand-computed
+margin and loss, the server's training, and the prototypes' timing."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedapp.runtime.class_stats import class_means
+from fedapp.runtime.results import Recorder
+from strategies.fedtgp import (FedTGPSettings, TrainableGlobalPrototypes, adaptive_margin,
+                               margin_loss, train_tgp)
+from tests.conftest import InProcessFederation
+
+D = 64
+SMALL = dict(dataset="synthetic", synthetic_train=450, synthetic_test=90, num_clients=3,
+             partition="iid", max_samples_per_client=0, arch_mix="cnn5,cnn4,cnn3",
+             model_width=0.25, feature_dim=D, **{"fedtgp.server-epochs": 5})
+
+
+def test_prototypes_up_and_every_class_down_from_the_encoded_payloads(tmp_path):
+    recorder = Recorder(tmp_path / "run", method="fedtgp", dataset="synthetic", num_clients=3,
+                        num_rounds=2, config={}, partition={})
+    fed = InProcessFederation("fedtgp", recorder=recorder, **SMALL)
+    for rnd in (1, 2):
+        fed.fit_round(rnd)
+        fed.evaluate_round(rnd)
+    round1, round2 = recorder.history
+    up = 10 * (D + 1) * 4   # K = 10 prototypes of d float32 and their int32 labels
+    down = 10 * D * 4       # P[C x d], every class
+    assert round1["bytes_up"] == round2["bytes_up"] == 3 * up
+    assert round1["bytes_down"] == 0  # nothing before the first server step
+    assert round2["bytes_down"] == 3 * down
+    assert round1["eval_bytes_down"] > 3 * down  # the prototypes, with their framing
+
+
+def test_hand_computed_margin_and_loss():
+    q = np.array([[0, 0], [3, 4], [6, 8]], np.float32)
+    delta, gaps = adaptive_margin(q, np.array([0, 1, 2]), 3, tau=100.0)
+    assert delta == pytest.approx(5.0) and gaps == pytest.approx([5, 5, 5])
+    # The TGP outputs Q: the loss of a class-0 prototype is ln(2 + e^-5) = 0.6965.
+    loss = margin_loss(torch.from_numpy(q[:1]), torch.tensor([0]), torch.from_numpy(q), delta)
+    assert loss.item() == pytest.approx(math.log(2 + math.exp(-5)), abs=1e-5)
+    assert loss.item() == pytest.approx(0.6965, abs=1e-4)
+
+
+def test_the_margin_is_capped_and_classes_without_a_neighbour_take_the_smallest_gap():
+    q = np.array([[0, 0], [3, 4], [30, 40], [0, 0]], np.float32)
+    labels = np.array([0, 1, 2, 0])  # class 0 twice (two clients), class 3 absent
+    delta, gaps = adaptive_margin(q, labels, 4, tau=100.0)
+    assert gaps == pytest.approx([5, 5, math.hypot(27, 36), 5])
+    assert delta == pytest.approx(45.0)
+    assert adaptive_margin(q, labels, 4, tau=10.0)[0] == 10.0
+    assert adaptive_margin(q[:1], labels[:1], 4, tau=7.0)[0] == 7.0  # one class: tau
+
+
+def test_distance_zero_gives_a_finite_gradient():
+    centers = torch.zeros(3, 4, requires_grad=True)
+    margin_loss(torch.zeros(1, 4), torch.tensor([0]), centers, 1.0).backward()
+    assert torch.isfinite(centers.grad).all()
+
+
+def test_server_training_separates_the_classes_by_the_margin():
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(4), 3)
+    protos = (np.eye(4, 8)[labels] * 3 + 0.1 * rng.standard_normal((12, 8))).astype(np.float32)
+    torch.manual_seed(0)
+    tgp = TrainableGlobalPrototypes(4, 8)
+    classes = torch.arange(4)
+    x, y = torch.from_numpy(protos), torch.from_numpy(labels)
+    before = margin_loss(x, y, tgp(classes), 1.0).item()
+    train_tgp(tgp, protos, labels, 1.0, FedTGPSettings(server_epochs=50, server_lr=0.05), 1)
+    with torch.no_grad():
+        centers = tgp(classes)
+        after = margin_loss(x, y, centers, 1.0).item()
+        nearest = torch.cdist(x, centers).argmin(1)
+    assert after < before / 2
+    assert torch.equal(nearest, y)
+
+
+def test_prototypes_after_training_by_default_before_it_with_the_code_parity_flag():
+    for before in (False, True):
+        fed = InProcessFederation("fedtgp", **SMALL,
+                                  **{"fedtgp.pre-training-prototypes": before})
+        client = fed.client(0)
+        initial = class_means(client.model.features, client.model, client.data.train_x,
+                              client.data.train_y, 10).means.copy()
+        client.receive({}, 1)
+        client.train(1)
+        trained = class_means(client.model.features, client.model, client.data.train_x,
+                              client.data.train_y, 10).means
+        upload = client.upload()["prototypes"]
+        np.testing.assert_array_equal(upload, initial if before else trained)
+        assert not np.allclose(initial, trained)
+
+
+def test_the_headline_is_the_nearest_global_prototype():
+    fed = InProcessFederation("fedtgp", **SMALL)
+    fed.fit_round(1)
+    metrics = fed.evaluate_round(1)
+    assert all("accuracy-own-head" in m for m in metrics.values())
+    client = fed.client(0)
+    payload = fed.strategy.eval_payload(1, None)
+    assert payload["prototypes"].shape == (10, D)
+    client.receive_for_evaluation(payload)
+    assert client.evaluation_variants(client.data.test_x, client.data.test_y)[
+        "nearest-prototype"] == metrics[0]["accuracy"]
