@@ -103,17 +103,21 @@ def test_bad_setting_is_refused_before_anything_starts():
 
 
 def test_a_failed_run_exits_non_zero_even_in_a_sweep_whose_other_run_completes(tmp_path):
-    # lr=1e30 makes every client's head NaN; the strategy rejects all uploads, the round
-    # fails, the ServerApp raises — and although `flwr run` itself exits 0, fedapp reads the
-    # run status and exits 1. The sweep's second run, on the same SuperLink, completes.
+    # lr=1e30 makes every client's head NaN; the strategy rejects all uploads, and with
+    # max-empty-rounds = 1 that one empty round stops the run: the ServerApp raises and says
+    # why in failed.json — and although `flwr run` itself exits 0, fedapp reads the run status
+    # and the reason, and exits 3. The sweep's second run, on the same SuperLink, completes.
     proc = fedapp("run", "conf/smoke.toml", "--set", 'run-name="bad"', "--sweep",
-                  "lr=1e30,0.01", "--set", "num-server-rounds=1", "--output-dir", str(tmp_path))
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+                  "lr=1e30,0.01", "--set", "num-server-rounds=1", "--set", "max-empty-rounds=1",
+                  "--output-dir", str(tmp_path))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "a sweep of 2 runs on one SuperLink" in proc.stdout
     assert "did not complete" in proc.stderr and "finished:failed" in proc.stderr
+    assert "1 such rounds in a row, max-empty-rounds = 1" in proc.stderr
     bad, good = tmp_path / "bad-lr1e+30", tmp_path / "bad-lr0.01"
     log = (bad / "flwr.log").read_text()
     assert "NaN" in log and "no client returned a usable update" in log
+    assert json.loads((bad / "failed.json").read_text())["kind"] == "empty-rounds"
     assert not (bad / "summary.json").exists()
     assert json.loads((good / "config.json").read_text())["lr"] == 0.01
     timing = json.loads((good / "timing.json").read_text())
@@ -235,3 +239,45 @@ def test_one_seed_one_result_even_across_a_kill_and_resume(smoke_run, tmp_path):
     assert _outcome(run) == _outcome(whole)
 
 
+def _alive(pid: int) -> bool:
+    """``pid`` runs (a zombie, exited but not yet collected, does not count)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_killing_fedapp_itself_leaves_no_flower_or_ray_process(tmp_path):
+    # Only fedapp is SIGKILLed, mid-run: no handler of its own can run. The SuperLink, the
+    # SuperExec, the simulation and Ray (sessions of their own) must all be gone within
+    # seconds, ended by the watchdog that fedapp starts the SuperLink under.
+    from fedapp.cli.watchdog import descendants
+    run = tmp_path / "orphans"
+    proc = subprocess.Popen([str(BIN / "fedapp"), "run", "conf/smoke.toml", "--set",
+                             'method="standalone"', "--set", "num-server-rounds=200",
+                             "--set", 'run-name="orphans"', "--output-dir", str(tmp_path)],
+                            cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not (
+            (run / "rounds.jsonl").exists() and (run / "rounds.jsonl").read_text().strip()):
+        time.sleep(0.2)
+    pids = descendants(proc.pid)
+    groups = _process_groups_under(proc.pid) - {os.getpgid(0), proc.pid}
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    assert len(groups) >= 2, groups  # the watchdog's and SuperLink's, the SuperExec's
+    deadline = time.time() + 20
+    while time.time() < deadline and (any(map(_alive, pids))
+                                       or any(group_members(g) for g in groups)):
+        time.sleep(0.2)
+    left = sorted({*filter(_alive, pids), *(p for g in groups for p in group_members(g))})
+    names = [Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")[:120]
+             for p in left if _alive(p)]
+    for pid in left:  # leave nothing behind, whatever the outcome
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, f"survived fedapp's SIGKILL: {names}"
