@@ -38,7 +38,7 @@ MAX_ABS_INT = 2**31
 # The names tensor: 4096 names of 64 characters (UTF-32) in all. Honest names are tens of
 # characters (``extractor.layer4.1.bn2.running_mean``).
 MAX_NAMES_BYTES = MAX_ARRAYS * 64 * 4
-# Values are checked this many at a time: the temporaries of a check stay near 2 MiB.
+# Values are checked this many at a time: the temporaries of a check stay at a few MiB.
 CHUNK = 1 << 18
 
 
