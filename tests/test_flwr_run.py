@@ -120,7 +120,7 @@ def test_a_failed_run_exits_non_zero_even_in_a_sweep_whose_other_run_completes(t
     assert "NaN" in log and "no client returned a usable update" in log
     assert json.loads((bad / "failed.json").read_text())["kind"] == "empty-rounds"
     assert not (bad / "summary.json").exists()
-    assert json.loads((good / "config.json").read_text())["lr"] == 0.01
+    assert json.loads((good / "config.json").read_text())["settings"]["lr"] == 0.01
     timing = json.loads((good / "timing.json").read_text())
     assert timing["shared_by"] == 2
     assert 0 < timing["server_app_wall"] < timing["flwr_run"]
