@@ -153,6 +153,10 @@ class RunConfig:
         0.0, "seconds a round waits for its clients' replies; a client that has not answered "
         "by then counts as failed and the round goes on with the others (0 = wait forever)",
         low=0.0)
+    max_empty_rounds: int = _opt(
+        3, "rounds in a row without a usable update (every client failed or was refused) "
+        "after which the run stops and fails; such a round keeps the method's state as it "
+        "was and is recorded with empty_round = true (0 = never stop)", low=0)
     partition_nodes: str = _opt(
         "", "deployment: bind partitions to authenticated SuperNodes, 'partition=node-id,...' "
         "(node ids as `fedapp deploy register` prints them); a node may then answer only for "

@@ -20,6 +20,7 @@ from fedapp.loops.asynchronous import AsyncLoop
 from fedapp.loops.relay import GossipLoop, WalkLoop
 from fedapp.runtime import checkpoint, linkstate
 from fedapp.runtime.results import Recorder
+from fedapp.runtime.strategy_base import RoundFailed
 from strategies import METHODS, load_config, recipe_line, settings_report
 
 
@@ -83,8 +84,14 @@ def main(grid: Grid, context: Context) -> None:
     components = server_fn(context)
     strategy = components.strategy
     loop = LOOPS.get(strategy.cfg.server_loop)
-    if loop is not None:
-        loop(grid, strategy, strategy.recorder).run()
-        return
-    start_grid(grid=grid, server=components.server, config=components.config,
-               strategy=strategy, client_manager=components.client_manager)
+    try:
+        if loop is not None:
+            loop(grid, strategy, strategy.recorder).run()
+            return
+        start_grid(grid=grid, server=components.server, config=components.config,
+                   strategy=strategy, client_manager=components.client_manager)
+    except RoundFailed as exc:
+        # Flower records only that the run failed: the results folder says why.
+        if strategy.recorder is not None:
+            strategy.recorder.record_failure(exc.kind, str(exc))
+        raise

@@ -74,7 +74,7 @@ from fedapp.data.local_data import expected_input
 from fedapp.data.partitions import ClientData
 from fedapp.runtime.class_stats import ClassMeans, ClassSums, class_target_mse
 from fedapp.runtime.client_base import FedClient, load_arrays
-from fedapp.runtime.payload import ArraySpec, Payload, PayloadError, from_ndarrays, validate
+from fedapp.runtime.payload import ArraySpec, Payload, PayloadError, from_ndarrays
 from fedapp.runtime.strategy_base import ClientInfo, Upload
 from fedapp.runtime.training import TrainStats, evaluate, recipe_optimizer, train_recipe
 from fedapp.seeding import derive_seed
@@ -509,9 +509,10 @@ class CompFL(PerArchitectureExtractors):
         """The trained extractor of ``expert`` (default: the client's own), named after it."""
         return pack(expert or client.arch, arrays_spec(self.extractors[expert or client.arch]))
 
-    def validate_upload(self, payload: Payload, client: ClientInfo) -> None:
+    def named_upload_spec(self, names: list[str], client: ClientInfo
+                          ) -> dict[str, ArraySpec]:
         # The names say which expert was trained (epsilon-greedy may pick a smaller one).
-        experts = set(unpack(payload))
+        experts = set(unpack(dict.fromkeys(names)))
         if len(experts) != 1:
             raise PayloadError(f"an upload must hold one expert's extractor, got {sorted(experts)}")
         expert = experts.pop()
@@ -520,8 +521,7 @@ class CompFL(PerArchitectureExtractors):
         if expert not in allowed:
             raise PayloadError(f"a client of {client.arch} may train only {list(allowed)}, "
                                f"not {expert!r}")
-        validate(payload, self.upload_spec(client, expert))
-        self.check_upload(payload, client)
+        return self.upload_spec(client, expert)
 
     def trained_extractor(self, upload: Upload) -> tuple[str, Payload]:
         [(arch, arrays)] = unpack(upload.payload).items()

@@ -29,7 +29,7 @@ import torch
 from fedapp.config import opt
 from fedapp.runtime.class_stats import class_means, class_target_mse
 from fedapp.runtime.client_base import FedClient
-from fedapp.runtime.payload import ArraySpec, Payload, PayloadError, validate
+from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 
 # Labels and counts in canonical ASCII decimal only: "03" or a non-ASCII digit would name the
@@ -119,10 +119,11 @@ class FedProto(FedStrategy):
         # The nearest-prototype rule needs every class's global prototype.
         return {f"class-{c}": v for c, v in sorted(self.global_prototypes.items())}
 
-    def validate_upload(self, payload: Payload, client: ClientInfo) -> None:
+    def named_upload_spec(self, names: list[str], client: ClientInfo
+                          ) -> dict[str, ArraySpec]:
         # The names carry label and count, so the spec is built from them, after checking them.
         specs, labels, total = {}, set(), 0
-        for name in payload:
+        for name in names:
             match = UPLOAD_NAME.fullmatch(name)
             if match is None:
                 raise PayloadError(f"array name {name!r} is not 'class-<label>/n-<count>'")
@@ -134,7 +135,7 @@ class FedProto(FedStrategy):
             labels.add(label)
             total += count
             specs[name] = ArraySpec((self.feature_dim,))
-        if not payload:
+        if not names:
             raise PayloadError("expected one prototype per local class")
         # The counts weight the global prototypes: together they cannot exceed the client's
         # training set, as far as the server knows it.
@@ -142,7 +143,7 @@ class FedProto(FedStrategy):
             raise PayloadError(f"class counts sum to {total}, more than the "
                                f"{self.examples_bound(client)} training examples of partition "
                                f"{client.partition_id}")
-        validate(payload, specs)
+        return specs
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
         sums: dict[int, np.ndarray] = {}

@@ -5,6 +5,8 @@ asynchronous FedHe run and a device-to-device CompFL walk."""
 
 import ipaddress
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -169,3 +171,74 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path, spawn):
 
     assert spawn.stop_all() == []  # no process of ours left behind
     print(f"deployment test: {time.monotonic() - began:.0f} s")
+
+
+def _outcome(run_dir: Path) -> list:
+    """Every round's per-client accuracies and traffic, and the summary's accuracies."""
+    rounds = [json.loads(r) for r in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    keys = ("per_client", "bytes_up", "bytes_down")
+    return [[{k: r[k] for k in keys} for r in rounds], summary["accuracy"]["per_client"]]
+
+
+@pytest.mark.slow
+def test_a_superlink_killed_mid_run_resumes_on_the_same_database(tmp_path, spawn):
+    # A run with a checkpoint every round; its SuperLink, with the SuperExec and the ServerApp
+    # it runs (what a crash of the SuperLink's machine takes down), SIGKILLed after the round-1
+    # checkpoint; the SuperLink started again on the same database and port, the SuperNodes
+    # reconnecting by themselves; `fedapp deploy run --resume` continues from the checkpoint.
+    # Every round's per-client accuracies and traffic must equal those of an uninterrupted run.
+    from fedapp.cli.watchdog import descendants
+    d = ["--dir", str(tmp_path / "deployment")]
+    assert main(["deploy", "certs", *d]) == 0
+    assert main(["deploy", "node-key", "site0", "site1", *d]) == 0
+    keys = tmp_path / "deployment" / "keys"
+    port = _free_port()
+
+    def superlink(name: str) -> subprocess.Popen:
+        proc = spawn(name, "superlink", "--port", str(port), *d)
+        wait_for_port(proc, port, "the SuperLink", tmp_path / f"{name}.log")
+        return proc
+
+    first = superlink("superlink")
+    assert main(["deploy", "connect", f"127.0.0.1:{port}", *d]) == 0
+    assert main(["deploy", "register", str(keys / "site0.pub"), str(keys / "site1.pub"),
+                 *d]) == 0
+    for pid in (0, 1):
+        spawn(f"site{pid}", "supernode", "--superlink", f"127.0.0.1:{port}", "--key",
+              str(keys / f"site{pid}.key"), "--port", str(_free_port()), "--node-config",
+              f'partition-id={pid} num-partitions=2 state-dir="{tmp_path / f"state{pid}"}"', *d)
+    out = tmp_path / "results"
+    settings = [*RUN_SETTINGS, "--set", "num-server-rounds=2", "--set", "checkpoint-every=1"]
+
+    def deploy_run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*FEDAPP, "deploy", "run", *args, *d], cwd=PROJECT_ROOT,
+                              capture_output=True, text=True, timeout=600)
+
+    whole = deploy_run("smoke", *settings, "--set", 'run-name="whole"', "--output-dir", str(out))
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+
+    run = out / "killed"
+    killed = subprocess.Popen([*FEDAPP, "deploy", "run", "smoke", *settings, "--set",
+                               'run-name="killed"', "--output-dir", str(out), *d],
+                              cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and killed.poll() is None and not (
+            (run / "checkpoint" / "server.pkl").exists()
+            and (run / "rounds.jsonl").read_text().strip()):
+        time.sleep(0.1)
+    assert killed.poll() is None, "the run ended before its SuperLink could be killed"
+    victims = [first.pid, *descendants(first.pid)]
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    first.wait()
+    assert killed.wait(timeout=120) != 0  # its SuperLink went away mid-run
+    assert not (run / "summary.json").exists(), "the run had finished before the kill"
+
+    superlink("superlink-again")
+    resumed = deploy_run("--resume", str(run))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resumed after round 1" in (run / "flwr.log").read_text()
+    assert _outcome(run) == _outcome(out / "whole")
+

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import signal
+import time
 import tracemalloc
 
 import numpy as np
@@ -49,6 +51,28 @@ def test_stalled_clients_stall_for_the_set_time(monkeypatch):
                  fault_stall_seconds=7.5)
     _crashes(cfg, 3, 2)
     assert slept == [7.5] * 6
+
+
+def test_a_client_gives_up_at_the_round_deadline():
+    # A client stalled for 60 s in a run with round-timeout = 1 s gives up after 1 s instead
+    # of holding what runs it (in simulation a Ray actor that other clients queue for); the
+    # server has counted it failed by then anyway. Without a deadline it would sleep 60 s.
+    from fedapp.runtime.client_base import DeadlineExceeded
+    cfg = cfg_of(method="standalone", num_clients=2, fault_stall_fraction=1.0,
+                 fault_stall_seconds=60.0, round_timeout=1.0)
+    context = Context(run_id=1, node_id=0, state=RecordDict(), run_config={},
+                      node_config={"partition-id": 0, "num-partitions": 2})
+    client = METHODS[cfg.method].client(context, cfg)
+    start = time.monotonic()
+    with pytest.raises(DeadlineExceeded, match="round-timeout = 1 s"):
+        client.fit([], {"server-round": 1})
+    assert time.monotonic() - start < 10
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # nothing left armed
+    # The same client in time: the deadline changes nothing.
+    cfg = cfg_of(method="standalone", num_clients=2, round_timeout=60.0, dataset="synthetic",
+                 synthetic_train=60, synthetic_test=30, model_width=0.25)
+    _, n, metrics = METHODS[cfg.method].client(context, cfg).fit([], {"server-round": 1})
+    assert n > 0 and metrics["partition-id"] == 0
 
 
 def test_the_round_deadline_reaches_flower():

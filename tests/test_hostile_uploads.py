@@ -15,6 +15,7 @@ import io
 import json
 import math
 import pickle
+import tracemalloc
 from typing import Callable
 
 import numpy as np
@@ -23,7 +24,9 @@ from flwr.common import Code, FitRes, Parameters, Status, ndarrays_to_parameters
 
 from fedapp.config import CONF_DIR, read_preset
 from fedapp.runtime.aggregate import weighted_average
-from fedapp.runtime.payload import PayloadError, decode, from_ndarrays, to_ndarrays, wire_size
+from fedapp.runtime.payload import (ArraySpec, PayloadError, check_layout, decode, from_ndarrays,
+                                    load, read_headers, to_ndarrays, to_wire, validate,
+                                    wire_size)
 from fedapp.runtime.results import Recorder
 from fedapp.runtime.strategy_base import clean_eval_metrics
 from strategies import METHODS
@@ -254,6 +257,85 @@ def test_hostile_upload_table(honest_round):
                              f"{'honest-only' if refuse else 'honest'} one")
                 break
     assert not wrong, f"{method}:\n" + "\n".join(wrong)
+
+
+def test_refusing_a_large_wrong_shaped_upload_costs_no_more_than_its_size(honest_round):
+    # 64 MiB of float32 under the name of one of the method's arrays (or an extra array, for a
+    # method that uploads nothing), in a shape the method does not expect. Refusing it must
+    # cost the server at most 1.2 times the upload's size beyond the bytes it received: the
+    # headers are checked before any data is read. (Decoding first cost about 5 times.)
+    method, replies = honest_round
+    template = replies[HOSTILE_PID]
+    upload = decode(template.parameters)
+    name = _first(upload, "f") or "evil"
+    big = np.ones(16 * 2**20, np.float32)
+    blobs = _blobs({**upload, name: big})
+    del big
+    size = sum(map(len, blobs))
+    strategy = make_strategy(method, **small_smoke_overrides(method))
+    manager, proxies = client_manager(strategy)
+    strategy.configure_fit(1, None, manager)
+    res = _fit_res(blobs, template.num_examples, template.metrics)
+    tracemalloc.start()  # numpy reports its array allocations to tracemalloc
+    try:
+        with pytest.raises(PayloadError, match="shape|unexpected"):
+            strategy.accept_upload(proxies[HOSTILE_PID], res, set())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= 1.2 * size, f"{method}: {peak / 2**20:.0f} MiB to refuse {size / 2**20:.0f} MiB"
+
+
+def test_a_round_of_refused_uploads_keeps_the_state_and_the_run_goes_on(honest_round):
+    # Round 2 of every method: the round's only uploads are refused (each client claims the
+    # other's partition, as a squatting node would). The round must not raise, and the server
+    # must send next exactly what it would have sent without that round.
+    method, replies = honest_round
+    honest = {pid: res for pid, res in replies.items() if pid != HOSTILE_PID}
+    reference, manager = _aggregate(method, honest)
+    want = _server_state(reference, manager)
+    strategy, manager = _aggregate(method, honest)
+    proxies = sorted(strategy.clients, key=lambda cid: strategy.clients[cid].partition_id)
+    by_cid = {p.cid: p for p in manager.all().values()}
+    strategy.configure_fit(2, None, manager)
+    swapped = [(by_cid[proxies[1 - pid]], res) for pid, res in honest.items()]
+    strategy.aggregate_fit(2, swapped, [])
+    assert strategy._counts["clients_fit"] == 0 and strategy._counts["rejected"] == 2
+    got = _server_state(strategy, manager)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys() and all(np.array_equal(g[k], w[k]) for k in g), method
+
+
+def test_value_checks_read_the_received_bytes_in_slices():
+    # A 64 MiB float64 array of the right shape whose last value is NaN: refused after reading
+    # every value, at a small constant cost (no float64 copy, no float32 copy); the same array
+    # honest is accepted as float32, the one copy the server keeps.
+    values = np.zeros(8 * 2**20, np.float64)
+    values[-1] = np.nan
+    params = Parameters(tensors=[_npy(np.array(["w"])), _npy(values)], tensor_type="")
+    spec = {"w": ArraySpec((values.size,))}
+    tracemalloc.start()
+    try:
+        headers = read_headers(params)
+        check_layout(headers, spec)
+        with pytest.raises(PayloadError, match="NaN"):
+            load(headers, max_abs=1e4)
+        refused = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        values[-1] = 1.0
+        params.tensors[1] = _npy(values)
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        payload = load(read_headers(params), max_abs=1e4)
+        validate(payload, spec)
+        wire = to_wire(payload)
+        accepted = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert refused <= 8 * 2**20, f"{refused / 2**20:.1f} MiB"
+    assert wire["w"].dtype == np.float32 and wire["w"][-1] == 1.0
+    assert accepted <= values.nbytes // 2 + 8 * 2**20, f"{accepted / 2**20:.1f} MiB"
 
 
 # -- findings outside the table ---------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """Strategies driven directly through configure_fit / aggregate_fit with hand-built replies."""
 
+import logging
+
 import numpy as np
 import pytest
 
 from fedapp.runtime.payload import decode, wire_size
 from fedapp.runtime.results import Recorder
-from fedapp.runtime.strategy_base import RoundFailed
+from fedapp.runtime.strategy_base import EmptyRounds, RoundFailed
 from tests.conftest import client_manager, eval_res, fit_res, make_strategy
 
 HEAD = {"head.weight": (10, 500), "head.bias": (10,)}
@@ -74,12 +76,71 @@ def test_bad_uploads_are_rejected_and_the_round_goes_on(rng, caplog):
     assert "shape" in text and "NaN" in text and "architecture" in text
 
 
-def test_a_round_with_no_usable_update_fails_loudly():
-    strategy = make_strategy("lg-fedavg", num_clients=2, arch_mix="cnn1")
-    manager, proxies = client_manager(strategy)
-    strategy.configure_fit(1, None, manager)
-    with pytest.raises(RoundFailed, match="no client returned a usable update"):
-        strategy.aggregate_fit(1, [], [RuntimeError("a"), RuntimeError("b")])
+def test_rounds_without_a_usable_update_keep_the_state_until_max_empty_rounds(tmp_path,
+                                                                               caplog):
+    # Rounds 2, 4 and 5 have no usable update (every client crashed, or every upload was
+    # refused): each keeps the head as it was and is recorded as empty; the run goes on until
+    # max-empty-rounds = 2 such rounds come in a row, and then stops saying why.
+    def recorder(resume_after=0):
+        return Recorder(tmp_path / "run", method="lg-fedavg", dataset="synthetic",
+                        num_clients=2, num_rounds=6, config={}, partition={},
+                        resume_after=resume_after)
+
+    def run_round(strategy, rnd, upload):
+        manager, proxies = client_manager(strategy)
+        strategy.configure_fit(rnd, None, manager)
+        if upload is None:
+            strategy.aggregate_fit(rnd, [], [RuntimeError("a"), RuntimeError("b")])
+        else:
+            strategy.aggregate_fit(rnd, [(p, fit_res(upload, 50, i, "cnn1"))
+                                         for i, p in enumerate(proxies)], [])
+        strategy.configure_evaluate(rnd, None, manager)
+        strategy.aggregate_evaluate(rnd, [(p, eval_res(i, "cnn1", 0.5))
+                                          for i, p in enumerate(proxies)], [])
+
+    strategy = make_strategy("lg-fedavg", recorder(), num_clients=2, arch_mix="cnn1",
+                             sizes=[50, 50], max_empty_rounds=2)
+    heads = [{k: np.full_like(v, r) for k, v in strategy.global_head.items()} for r in range(4)]
+    with_nan = {k: np.full_like(v, np.nan) for k, v in heads[0].items()}
+    run_round(strategy, 1, heads[1])
+    run_round(strategy, 2, None)  # every client failed
+    np.testing.assert_array_equal(strategy.global_head["head.weight"], heads[1]["head.weight"])
+    run_round(strategy, 3, heads[3])
+    with caplog.at_level(logging.WARNING):
+        run_round(strategy, 4, with_nan)  # every upload refused
+    assert "the method's state stays as it was (1 such rounds in a row" in caplog.text
+    np.testing.assert_array_equal(strategy.global_head["head.weight"], heads[3]["head.weight"])
+    assert [h["empty_round"] for h in strategy.recorder.history] == [False, True, False, True]
+    assert strategy.recorder.summary()["empty_rounds"] == [2, 4]
+    assert strategy.recorder.history[3]["rejected_clients"] == [0, 1]
+    with pytest.raises(EmptyRounds, match="round 5: no client returned a usable update .*"
+                       "2 such rounds in a row, max-empty-rounds = 2"):
+        run_round(strategy, 5, None)
+    # A run resumed after round 4 counts round 4 in: one more empty round stops it.
+    resumed = make_strategy("lg-fedavg", recorder(resume_after=4), num_clients=2,
+                            arch_mix="cnn1", sizes=[50, 50], max_empty_rounds=2)
+    with pytest.raises(EmptyRounds):
+        run_round(resumed, 5, None)
+    # max-empty-rounds = 0: never stops.
+    patient = make_strategy("lg-fedavg", num_clients=2, arch_mix="cnn1", max_empty_rounds=0)
+    for rnd in range(1, 6):
+        run_round(patient, rnd, None)
+
+
+def test_fedapp_says_why_a_run_stopped_and_exits_3_after_empty_rounds(tmp_path, capsys):
+    from fedapp.cli.run import report_run
+    recorder = Recorder(tmp_path / "run", method="lg-fedavg", dataset="synthetic",
+                        num_clients=2, num_rounds=6, config={}, partition={})
+    recorder.record_failure("empty-rounds", "round 3: no client returned a usable update")
+    assert report_run("finished:failed", tmp_path / "run") == 3
+    assert "no client returned a usable update" in capsys.readouterr().err
+    recorder.record_failure("failed", "the server's state holds NaN")
+    assert report_run("finished:failed", tmp_path / "run") == 1
+    assert "holds NaN" in capsys.readouterr().err
+    Recorder(tmp_path / "run", method="lg-fedavg", dataset="synthetic", num_clients=2,
+             num_rounds=6, config={}, partition={})  # a new start forgets the old failure
+    assert report_run("finished:failed", tmp_path / "run") == 1
+    assert "; " not in capsys.readouterr().err.split("(status:")[1].split(")")[0]
 
 
 def test_fedavg_averages_the_whole_model_weighted_by_samples(rng):

@@ -353,6 +353,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output-dir", help="results root on the SuperLink's machine "
                                         "(default: ./results)")
     p.add_argument("--verbose", action="store_true", help="show Flower's whole log")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue a run started with checkpoint-every > 0 after its last "
+                        "checkpoint, e.g. after the SuperLink died (its own settings, read from "
+                        "RUN_DIR/config.json: run it where the run folder is)")
 
     p = step("export-shard", cmd_export_shard,
              "write one partition of a dataset as a SuperNode data-dir")

@@ -2,7 +2,9 @@
 
 The environment every Flower process of ours gets (``flower_env``), free loopback ports, waiting
 for a process to listen, a simulation SuperLink owned by this process (``LocalSuperLink``),
-stopping a process and everything it spawned (its process group), streaming ``flwr run``'s
+stopping a process and everything it spawned (its process group; the simulation SuperLink
+under a watchdog that also ends what leaves the group, and everything if ``fedapp`` itself is
+killed: ``fedapp.cli.watchdog``), streaming ``flwr run``'s
 output and reading a run's final status from the SuperLink (``flwr run`` itself exits 0 even when
 the run failed).
 """
@@ -112,8 +114,11 @@ class LocalSuperLink:
 
     def start(self) -> None:
         # The same command `flwr run` would start for its ':local:' connection, but on our own
-        # ports and in our own process group, so that we know exactly what to stop.
-        cmd = [str(BIN / "flower-superlink"), "--insecure", "--simulation",
+        # ports and in our own process group, so that we know exactly what to stop; under a
+        # watchdog (fedapp.cli.watchdog), so that the SuperExec and the simulation, which
+        # start sessions of their own, end with it, and all of them if this process is killed.
+        cmd = [sys.executable, "-m", "fedapp.cli.watchdog", "--",
+               str(BIN / "flower-superlink"), "--insecure", "--simulation",
                "--isolation", "subprocess",
                "--control-api-address", f"127.0.0.1:{self.control_port}",
                "--host", "127.0.0.1", "--port", str(self.http_port),
@@ -124,7 +129,8 @@ class LocalSuperLink:
         wait_for_port(self.process, self.http_port, "flower-superlink", self.log_path)
 
     def stop(self) -> None:
-        """Stop the SuperLink and every process it spawned (its whole process group)."""
+        """Stop the SuperLink and every process it spawned (the watchdog's process group: the
+        watchdog ends every descendant before it exits)."""
         stop_process_group(self.process)
 
 

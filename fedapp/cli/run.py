@@ -25,7 +25,7 @@ from fedapp.cli.flower import BIN, LocalSuperLink, run_status, stream_run
 from fedapp.config import (PROJECT_ROOT, SHARED_KEYS, ConfigError, explicit_layers, format_explicit,
                            parse_override, pyproject_defaults, read_preset, resolve_preset,
                            toml_value)
-from fedapp.runtime.results import format_accuracy, human_bytes, plot_runs
+from fedapp.runtime.results import FAILURE_FILE, format_accuracy, human_bytes, plot_runs
 
 
 def resolve_settings(preset: str | None, overrides: Sequence[str],
@@ -120,9 +120,27 @@ def report_run(status: str, run_dir: Path, *, results_elsewhere: bool = False) -
     if status == "finished:completed" and results_elsewhere:
         print(f"fedapp: done. Results in {run_dir} on the SuperLink's machine")
         return 0
-    print(f"fedapp: the run did not complete (status: {status}). Flower's log: "
-          f"{run_dir / 'flwr.log'}", file=sys.stderr)
-    return 130 if status == "interrupted" else 1
+    failure = _failure(run_dir)
+    print(f"fedapp: the run did not complete (status: {status}"
+          + (f"; {failure['reason']}" if failure else "")
+          + f"). Flower's log: {run_dir / 'flwr.log'}", file=sys.stderr)
+    if status == "interrupted":
+        return 130
+    return EXIT_EMPTY_ROUNDS if failure.get("kind") == "empty-rounds" else 1
+
+
+# fedapp's exit status: 0 completed, 1 failed, 2 bad settings, 3 stopped after max-empty-rounds
+# rounds in a row without a usable update, 130 interrupted.
+EXIT_EMPTY_ROUNDS = 3
+
+
+def _failure(run_dir: Path) -> dict[str, str]:
+    """Why the ServerApp stopped the run ({} if it did not say: ``failed.json``)."""
+    try:
+        failure = json.loads((run_dir / FAILURE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return failure if isinstance(failure, dict) else {}
 
 
 def sweep_variants(sweeps: Sequence[str]) -> list[list[tuple[str, Any]]]:

@@ -9,11 +9,15 @@ each message and written back after training. A method subclass changes only wha
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import signal
+import sys
+import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -49,6 +53,45 @@ MODEL_CACHE_SIZE = 16
 
 class InjectedFault(RuntimeError):
     """A crash asked for by the ``fault-crash-fraction`` setting."""
+
+
+class DeadlineExceeded(RuntimeError):
+    """A client's training ran past ``round-timeout``: the server has counted it failed."""
+
+
+def _in_a_ray_actor() -> bool:
+    """Whether this process is a Ray worker (a simulation's actor), where one client's message
+    holds an actor that other virtual clients share."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+@contextlib.contextmanager
+def round_deadline(seconds: float, what: str) -> Iterator[None]:
+    """Give up (raise DeadlineExceeded) once ``seconds`` have passed (0: never).
+
+    A reply after the round's deadline is thrown away by the server, and in simulation the Ray
+    actor running this client would stay busy for nothing while other clients' messages wait
+    for an actor, and miss the next round's deadline in turn. SIGALRM interrupts a sleep and
+    Python code alike. Signals reach only the main thread, which is where Flower's Ray actors
+    and ClientApp processes run a message; in another thread nothing is done. The model cache
+    is safe: a model goes back into it only after its message succeeded."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread() \
+            or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise DeadlineExceeded(f"{what}: still busy after round-timeout = {seconds:g} s, "
+                               "when the server has stopped waiting; gave up")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def state_arrays(model: torch.nn.Module, names: list[str] | None = None) -> Payload:
@@ -315,6 +358,17 @@ class FedClient(NumPyClient):
             raise InjectedFault(f"partition {self.partition_id} crashes in round {server_round} "
                                 f"on purpose (fault-crash-fraction = {c.fault_crash_fraction})")
         if stall < c.fault_stall_fraction:
+            if c.round_timeout and c.fault_stall_seconds >= c.round_timeout \
+                    and _in_a_ray_actor():
+                # A stalled device holds only itself. In simulation it would hold a Ray
+                # actor that serves other clients too, until the deadline at least (Flower
+                # 1.41 waits for a message's actor without a timeout, and neither restarts nor
+                # preempts it), and clients queued behind it would miss the round. Its reply
+                # could only come too late: it fails now, as the server records it anyway.
+                raise DeadlineExceeded(
+                    f"partition {self.partition_id} stalls for {c.fault_stall_seconds:g} s in "
+                    f"round {server_round}, past round-timeout = {c.round_timeout:g} s: "
+                    "gave up at once, so as not to hold a Ray actor other clients wait for")
             time.sleep(c.fault_stall_seconds)
 
     def _recover_state(self, config: dict[str, Any], up_to_round: int) -> None:
@@ -344,21 +398,23 @@ class FedClient(NumPyClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         server_round = int(config.get("server-round", 0))
-        self.inject_faults(server_round)
-        self._recover_state(config, server_round - 1)
-        self._take_back_state()
-        self.model  # restored (or built from its own seed) before any draw of this round
-        # Batch order and augmentations draw from generators keyed by (seed, partition id,
-        # round, purpose); dropout can only draw from torch's global generator, so training
-        # runs with it seeded from the same key and isolated from every other stream.
-        with isolated_rng(derive_seed(self.cfg.seed, "fit", self.partition_id, server_round),
-                          self.device):
-            self.message = config  # what a method's visit depends on (CompFL's relay loops)
-            self.receive(self.read_payload(parameters, config), server_round)
-            start = time.perf_counter()
-            stats = self.train(server_round)
-            seconds = time.perf_counter() - start
-            upload = self.upload()
+        with round_deadline(self.cfg.round_timeout,
+                            f"partition {self.partition_id}, round {server_round}"):
+            self.inject_faults(server_round)
+            self._recover_state(config, server_round - 1)
+            self._take_back_state()
+            self.model  # restored (or built from its own seed) before any draw of this round
+            # Batch order and augmentations draw from generators keyed by (seed, partition id,
+            # round, purpose); dropout can only draw from torch's global generator, so training
+            # runs with it seeded from the same key and isolated from every other stream.
+            with isolated_rng(derive_seed(self.cfg.seed, "fit", self.partition_id,
+                                          server_round), self.device):
+                self.message = config  # what a method's visit depends on (CompFL's relays)
+                self.receive(self.read_payload(parameters, config), server_round)
+                start = time.perf_counter()
+                stats = self.train(server_round)
+                seconds = time.perf_counter() - start
+                upload = self.upload()
         if self.cfg.clock == "arrival" and has_stragglers(self.cfg):
             # A slower device: the same work, taking (duration - 1) x longer
             # (fedapp.runtime.speeds).

@@ -4,8 +4,12 @@ A payload is a ``dict[str, np.ndarray]`` (``{"head.weight": ..., "labels": ...}`
 it is a Flower ``Parameters``: tensor 0 holds the names as a unicode array, tensor i the i-th
 array, each encoded with ``np.save(allow_pickle=False)`` — the same encoding ``NumPyClient``
 applies to the list it returns, so a client returns :func:`to_ndarrays` and the server reads
-:func:`decode`. Decoding never unpickles (``allow_pickle=False``), and :func:`validate` checks
-every array against the method's :class:`ArraySpec` before any maths touches it.
+:func:`decode`. Decoding never unpickles, and reads in three steps, so that a refused upload costs
+the server a bounded amount of memory beyond the bytes it received: the npy headers and the names
+(:func:`read_headers`: encoding, dtypes, sizes, and against the method's :class:`ArraySpec`
+names, shapes and kinds, :func:`check_layout`), then the values as read-only views of the
+received bytes, checked a slice at a time (:func:`load`, :func:`validate`), and only then a copy
+in the wire dtypes (:func:`to_wire`).
 
 Byte accounting distinguishes the *data* (``nbytes`` of the numeric arrays: what the papers
 count, e.g. 5010 floats = 20040 bytes for a 500x10 head) from the *framing* (npy headers and the
@@ -17,7 +21,7 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from flwr.common import Parameters
@@ -31,6 +35,11 @@ MAX_ARRAYS = 4096
 # Integers that travel are labels, counts and BatchNorm's step counter: none comes near 2^31,
 # and keeping them there keeps every sum and float64 average of them exact.
 MAX_ABS_INT = 2**31
+# The names tensor: 4096 names of 64 characters (UTF-32) in all. Honest names are tens of
+# characters (``extractor.layer4.1.bn2.running_mean``).
+MAX_NAMES_BYTES = MAX_ARRAYS * 64 * 4
+# Values are checked this many at a time: the temporaries of a check stay at a few MiB.
+CHUNK = 1 << 18
 
 
 class PayloadError(ValueError):
@@ -99,48 +108,135 @@ def encode(payload: Mapping[str, np.ndarray]) -> Parameters:
                       tensor_type=TENSOR_TYPE)
 
 
+@dataclass(frozen=True)
+class Header:
+    """One received array as its npy header describes it, and where its data lies in the blob
+    (``blob[offset:]``, exactly ``size * dtype.itemsize`` bytes). Reading it costs nothing
+    beyond the header: shape, dtype and names are checked on these before any data is read."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran_order: bool
+    blob: bytes
+    offset: int
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)  # Python ints: a (2^62, 3) claim does not wrap around
+
+
+def _header(blob: bytes, i: int) -> Header:
+    """Tensor ``i``'s npy header, refused unless it describes a plain array whose data is
+    exactly the rest of the blob (no pickle, no object dtype, nothing truncated or appended)."""
+    if not isinstance(blob, bytes):
+        raise PayloadError(f"tensor {i} is not bytes")
+    buf = io.BytesIO(blob)  # shares the bytes object: no copy
+    try:
+        read = {(1, 0): np.lib.format.read_array_header_1_0,
+                (2, 0): np.lib.format.read_array_header_2_0}[np.lib.format.read_magic(buf)]
+        shape, fortran_order, dtype = read(buf)
+    except Exception as exc:  # not npy, an unknown version, a header numpy refuses, ...
+        raise PayloadError(f"tensor {i} is not a plain .npy array ({exc!r})") from None
+    header = Header(tuple(int(n) for n in shape), dtype, bool(fortran_order), blob, buf.tell())
+    if dtype.hasobject or dtype.kind not in ALLOWED_KINDS | {"U"}:
+        raise PayloadError(f"tensor {i} has dtype {dtype}, not a numeric dtype "
+                           f"(not a plain .npy array)")
+    claimed = header.size * dtype.itemsize
+    if claimed != len(blob) - header.offset:
+        raise PayloadError(f"tensor {i} holds {len(blob) - header.offset} bytes of data where "
+                           f"its header ({dtype}, shape {header.shape}) says {claimed}: "
+                           "truncated or padded")
+    return header
+
+
+def _view(header: Header) -> np.ndarray:
+    """The array's data in the sender's dtype, read-only and without a copy (flat)."""
+    return np.frombuffer(header.blob, dtype=header.dtype, count=header.size,
+                         offset=header.offset)
+
+
+def read_headers(parameters: Parameters) -> dict[str, Header]:
+    """Flower ``Parameters`` -> {name: :class:`Header`}, reading headers and names only.
+
+    Refused with PayloadError: too many tensors, a tensor that is not a plain numeric .npy
+    array whose data is exactly what its header says, a names tensor that does not name every
+    array once. Only the names tensor is decoded (bounded by ``MAX_NAMES_BYTES``)."""
+    tensors = parameters.tensors
+    if len(tensors) > MAX_ARRAYS + 1:
+        raise PayloadError(f"too many tensors ({len(tensors)})")
+    if not tensors:
+        return {}
+    headers = [_header(blob, i) for i, blob in enumerate(tensors)]
+    names = headers[0]
+    if names.dtype.kind != "U" or names.ndim != 1 or names.shape[0] != len(tensors) - 1:
+        raise PayloadError("the first tensor must name the other tensors")
+    if names.size * names.dtype.itemsize > MAX_NAMES_BYTES:
+        raise PayloadError(f"the names tensor is larger than {MAX_NAMES_BYTES} bytes")
+    keys = [str(n) for n in _view(names)]
+    if len(set(keys)) != len(keys):
+        raise PayloadError("duplicate array names")
+    for i, header in enumerate(headers[1:], 1):
+        if header.dtype.kind == "U":
+            raise PayloadError(f"array {keys[i - 1]!r} has dtype {header.dtype}, not a "
+                               "numeric dtype")
+    return dict(zip(keys, headers[1:]))
+
+
+def _chunks(flat: np.ndarray):
+    """``flat`` in slices (views) of ``CHUNK`` elements: checks on them allocate a bounded
+    amount, whatever the array's size."""
+    for start in range(0, flat.size, CHUNK):
+        yield flat[start:start + CHUNK]
+
+
+def load(headers: Mapping[str, Header], max_abs: float = math.inf) -> Payload:
+    """{name: Header} -> payload of read-only views of the received bytes, in the sender's
+    dtypes: no copy. Refused with PayloadError: NaN or infinite values, a float of magnitude
+    above ``max_abs`` (out of scale for any honest model, representation or logit; see the
+    ``upload-max-abs`` setting), an integer beyond +-2^31. The values are checked a slice at
+    a time (a float wider than float32 in float64, so that a float64 or longdouble beyond
+    float32's range is caught before any cast), so refusing an upload costs a bounded
+    amount of memory beyond the bytes received."""
+    payload = {}
+    for name, header in headers.items():
+        flat = _view(header)
+        kind = header.dtype.kind
+        for chunk in _chunks(flat):
+            if kind == "f":
+                with np.errstate(over="ignore", invalid="ignore"):
+                    wide = chunk.astype(np.float64)
+                if not np.all(np.isfinite(wide)):
+                    raise PayloadError(f"array {name!r} holds NaN or infinite values")
+                if wide.size and float(np.abs(wide).max()) > max_abs:
+                    raise PayloadError(f"array {name!r} holds values of magnitude up to "
+                                       f"{float(np.abs(wide).max()):.3g}, above "
+                                       f"upload-max-abs = {max_abs:g}")
+            elif kind in "iu" and chunk.size and (int(chunk.min()) < -MAX_ABS_INT
+                                                  or int(chunk.max()) > MAX_ABS_INT):
+                raise PayloadError(f"array {name!r} holds integers beyond +-2^31")
+        payload[name] = flat.reshape(header.shape, order="F" if header.fortran_order else "C")
+    return payload
+
+
+def to_wire(payload: Mapping[str, np.ndarray]) -> Payload:
+    """Float arrays as native float32, integers as native int64, booleans as bool: whatever
+    dtype and byte order a sender chose, no upload decides the precision or byte order of what
+    the server computes. Always a fresh, writable, C-ordered copy."""
+    wire = {"f": np.float32, "i": np.int64, "u": np.int64, "b": np.bool_}
+    return {name: array.astype(wire[array.dtype.kind], order="C")
+            for name, array in payload.items()}
+
+
 def decode(parameters: Parameters, max_abs: float = math.inf) -> Payload:
-    """Flower ``Parameters`` -> payload in the wire dtypes, never unpickling.
-
-    Whatever dtype and byte order a sender chose, float arrays come back as native float32
-    and integer arrays as native int64, so that no upload decides the precision or byte order
-    of what the server computes. Refused with PayloadError: anything that is not a plain
-    numeric .npy array, NaN or infinite values, a float of magnitude above ``max_abs`` (out of
-    scale for any honest model, representation or logit; see the ``upload-max-abs`` setting),
-    and an integer beyond +-2^31."""
-    if len(parameters.tensors) > MAX_ARRAYS + 1:
-        raise PayloadError(f"too many tensors ({len(parameters.tensors)})")
-    arrays = []
-    for i, blob in enumerate(parameters.tensors):
-        try:
-            arrays.append(np.load(io.BytesIO(blob), allow_pickle=False))
-        except Exception as exc:  # np.load raises ValueError, EOFError, OSError, ...
-            raise PayloadError(f"tensor {i} is not a plain .npy array ({exc})") from None
-    payload = from_ndarrays(arrays)
-    return {name: _to_wire_dtype(name, array, max_abs) for name, array in payload.items()}
-
-
-def _to_wire_dtype(name: str, array: np.ndarray, max_abs: float) -> np.ndarray:
-    kind = array.dtype.kind
-    if kind not in ALLOWED_KINDS:
-        raise PayloadError(f"array {name!r} has dtype {array.dtype}, not a numeric dtype")
-    if kind == "b":
-        return array.astype(np.bool_)
-    if kind == "f":
-        # Checked in float64 before the cast: a longdouble or float64 beyond float32's range
-        # would otherwise turn into inf silently, or into a finite but absurd value.
-        with np.errstate(over="ignore", invalid="ignore"):
-            wide = array.astype(np.float64)
-        if not np.all(np.isfinite(wide)):
-            raise PayloadError(f"array {name!r} holds NaN or infinite values")
-        if wide.size and float(np.abs(wide).max()) > max_abs:
-            raise PayloadError(f"array {name!r} holds values of magnitude up to "
-                               f"{float(np.abs(wide).max()):.3g}, above upload-max-abs = "
-                               f"{max_abs:g}")
-        return wide.astype(np.float32)
-    if array.size and (int(array.min()) < -MAX_ABS_INT or int(array.max()) > MAX_ABS_INT):
-        raise PayloadError(f"array {name!r} holds integers beyond +-2^31")
-    return array.astype(np.int64)
+    """Flower ``Parameters`` -> payload in the wire dtypes, never unpickling: headers first
+    (:func:`read_headers`), then values (:func:`load`), then the wire dtypes
+    (:func:`to_wire`). Anything that is not a plain numeric .npy array, non-finite values,
+    floats above ``max_abs`` and integers beyond +-2^31 are refused with PayloadError."""
+    return to_wire(load(read_headers(parameters), max_abs))
 
 
 def wire_size(parameters: Parameters) -> WireSize:
@@ -166,35 +262,46 @@ def wire_size(parameters: Parameters) -> WireSize:
     return WireSize(data=data, framing=total - data)
 
 
-def validate(payload: Payload, specs: Mapping[str, ArraySpec]) -> None:
-    """Check names, shapes, dtypes, finiteness and integer ranges against ``specs``.
-
-    Raises PayloadError with the first reason found; a payload that passes is safe for the
-    method's maths (no NaN/inf, no out-of-range label, every expected array present).
-    """
-    missing = [n for n in specs if n not in payload]
-    extra = [n for n in payload if n not in specs]
+def check_layout(arrays: Mapping[str, Any], specs: Mapping[str, ArraySpec]) -> None:
+    """Check names, shapes and dtype kinds against ``specs``: what a :class:`Header` already
+    tells (so it runs before any data is read) and an array tells alike."""
+    missing = [n for n in specs if n not in arrays]
+    extra = [n for n in arrays if n not in specs]
     if missing or extra:
         raise PayloadError(f"expected arrays {sorted(specs)}, missing {missing}, unexpected "
                            f"{extra}")
     for name, spec in specs.items():
-        array = payload[name]
+        array = arrays[name]
         if array.ndim != len(spec.shape) or any(
                 want is not None and got != want for got, want in zip(array.shape, spec.shape)):
             want_text = "x".join("*" if s is None else str(s) for s in spec.shape)
-            raise PayloadError(f"array {name!r} has shape {array.shape}, expected {want_text}")
-        if spec.kind == "float":
-            if array.dtype.kind != "f":
-                raise PayloadError(f"array {name!r} has dtype {array.dtype}, expected float")
-            if not np.all(np.isfinite(array)):
-                raise PayloadError(f"array {name!r} holds NaN or infinite values")
-        else:
-            if array.dtype.kind not in "iu":
-                raise PayloadError(f"array {name!r} has dtype {array.dtype}, expected integer")
-            if array.size and spec.low is not None and array.min() < spec.low:
-                raise PayloadError(f"array {name!r} holds {array.min()} < {spec.low}")
-            if array.size and spec.high is not None and array.max() > spec.high:
-                raise PayloadError(f"array {name!r} holds {array.max()} > {spec.high}")
+            raise PayloadError(f"array {name!r} has shape {tuple(array.shape)}, expected "
+                               f"{want_text}")
+        if spec.kind == "float" and array.dtype.kind != "f":
+            raise PayloadError(f"array {name!r} has dtype {array.dtype}, expected float")
+        if spec.kind != "float" and array.dtype.kind not in "iu":
+            raise PayloadError(f"array {name!r} has dtype {array.dtype}, expected integer")
+
+
+def validate(payload: Payload, specs: Mapping[str, ArraySpec]) -> None:
+    """Check names, shapes, dtypes, finiteness and integer ranges against ``specs``.
+
+    Raises PayloadError with the first reason found; a payload that passes is safe for the
+    method's maths (no NaN/inf, no out-of-range label, every expected array present). Values
+    are checked a slice at a time, so that the check allocates a bounded amount.
+    """
+    check_layout(payload, specs)
+    for name, spec in specs.items():
+        flat = payload[name].ravel(order="K")  # a view of a contiguous array
+        for chunk in _chunks(flat):
+            if spec.kind == "float":
+                if not np.all(np.isfinite(chunk)):
+                    raise PayloadError(f"array {name!r} holds NaN or infinite values")
+            elif chunk.size:
+                if spec.low is not None and chunk.min() < spec.low:
+                    raise PayloadError(f"array {name!r} holds {chunk.min()} < {spec.low}")
+                if spec.high is not None and chunk.max() > spec.high:
+                    raise PayloadError(f"array {name!r} holds {chunk.max()} > {spec.high}")
 
 
 def float32(payload: Mapping[str, np.ndarray]) -> Payload:

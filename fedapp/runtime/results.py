@@ -3,7 +3,7 @@
 ``config.json`` (every effective setting, ``settings``, and the layer it came from, ``layers``:
 default, the method's recipe, a preset, --set), ``partition.json`` (per-client class counts),
 ``rounds.jsonl`` (one line per round, appended as the run goes, so a crashed run keeps its
-history), ``summary.json`` and ``accuracy.png``; the asynchronous loop adds ``updates.jsonl``
+history), ``summary.json`` and ``accuracy.png`` (or, for a run that stopped, ``failed.json``: why); the asynchronous loop adds ``updates.jsonl``
 (one line per client update) and ``timeline.png``.
 """
 
@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 PROGRESS_TAG = "[fedapp]"
+FAILURE_FILE = "failed.json"  # why a run stopped, written by the ServerApp
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -80,6 +81,7 @@ class Recorder:
                                     f"taken after round {resume_after}")
         self.history: list[dict[str, Any]] = [json.loads(line) for line in kept]
         rounds.write_text("".join(line + "\n" for line in kept))
+        (run_dir / FAILURE_FILE).unlink(missing_ok=True)  # a resumed run's earlier failure
         write_json(run_dir / "config.json", config)
         write_json(run_dir / "partition.json", partition)
 
@@ -101,6 +103,11 @@ class Recorder:
                 f"clients {record['clients_fit']}/{record.get('clients_sampled', '?')} | up "
                 f"{human_bytes(record['bytes_up'])} down {human_bytes(record['bytes_down'])} | "
                 f"{record['seconds']:.1f} s | ETA {eta:.0f} s")
+
+    def record_failure(self, kind: str, reason: str) -> None:
+        """Write why the run stopped (``failed.json``: ``kind``, ``reason``), for ``fedapp``
+        to say so in its message and exit status."""
+        write_json(self.run_dir / FAILURE_FILE, {"kind": kind, "reason": reason})
 
     def record_update(self, update: dict[str, Any]) -> None:
         """Append one client update of the asynchronous loop to ``updates.jsonl``."""
@@ -162,6 +169,8 @@ class Recorder:
                 # Who: {partition id: rounds in which it failed / had its upload refused}.
                 "failed_clients": _tally(h.get("failed_clients", []) for h in self.history),
                 "rejected_clients": _tally(h.get("rejected_clients", []) for h in self.history),
+                # Rounds without a usable update (the method's state stayed as it was).
+                "empty_rounds": [h["round"] for h in self.history if h.get("empty_round")],
                 # What the run takes if clients are as fast as fedapp.runtime.speeds says.
                 "virtual_seconds": float(sum(h.get("virtual_seconds", 0.0)
                                              for h in self.history)),

@@ -12,8 +12,9 @@ and checkpoints (a method's state is whatever it adds to the base). The asynchro
 :meth:`FedStrategy.accept_upload`, :meth:`FedStrategy.accept_evaluation` and
 :meth:`FedStrategy.aggregate`.
 
-A method overrides :meth:`FedStrategy.fit_payload`, :meth:`FedStrategy.upload_spec` (and
-optionally :meth:`FedStrategy.check_upload` or :meth:`FedStrategy.validate_upload`),
+A method overrides :meth:`FedStrategy.fit_payload`, :meth:`FedStrategy.upload_spec` (or
+:meth:`FedStrategy.named_upload_spec` when its array names carry information; optionally
+:meth:`FedStrategy.check_upload`),
 :meth:`FedStrategy.aggregate` and, if it sends something for evaluation,
 :meth:`FedStrategy.eval_payload`.
 """
@@ -40,8 +41,9 @@ from client_models import HeteroModel
 from fedapp.config import RunConfig
 from fedapp.data import setup
 from fedapp.runtime import checkpoint
-from fedapp.runtime.payload import (ArraySpec, Payload, PayloadError, WireSize, decode, encode,
-                                    float32, validate, wire_size)
+from fedapp.runtime.payload import (ArraySpec, Payload, PayloadError, WireSize, check_layout,
+                                    encode, float32, load, read_headers, to_wire, validate,
+                                    wire_size)
 from fedapp.runtime.results import Recorder, format_accuracy, round_record
 from fedapp.runtime.speeds import update_duration
 from fedapp.seeding import derive_seed
@@ -138,7 +140,15 @@ class Encoder:
 
 
 class RoundFailed(RuntimeError):
-    """No client returned a usable update: the run cannot meaningfully go on."""
+    """The run cannot meaningfully go on (``kind`` says why, for the results folder)."""
+
+    kind = "failed"
+
+
+class EmptyRounds(RoundFailed):
+    """``max-empty-rounds`` rounds in a row without a usable update."""
+
+    kind = "empty-rounds"
 
 
 class FedStrategy(Strategy):
@@ -164,6 +174,13 @@ class FedStrategy(Strategy):
         self._train_loss: float | None = None  # mean over this round's uploads
         self._train_terms: dict[str, float] = {}  # the same for a method's term-* metrics
         self._evaluated: list[int] = []  # partition ids asked to evaluate, this round
+        self._empty = False  # this round had no usable update
+        # Rounds in a row without a usable update, counted on from a resumed run's records.
+        self._empty_in_a_row = 0
+        for record in reversed(recorder.history if recorder is not None else []):
+            if not record.get("empty_round"):
+                break
+            self._empty_in_a_row += 1
         # Flower counts rounds from 1 in every run; a resumed run continues after its last
         # checkpoint, so the rounds every method sees are Flower's plus this offset.
         self.round_offset = 0
@@ -182,10 +199,19 @@ class FedStrategy(Strategy):
     def check_upload(self, payload: Payload, client: ClientInfo) -> None:
         """Method-specific checks beyond :meth:`upload_spec`; raise PayloadError to reject."""
 
+    def named_upload_spec(self, names: list[str], client: ClientInfo
+                          ) -> dict[str, ArraySpec]:
+        """The spec of an upload whose arrays are called ``names`` (default:
+        :meth:`upload_spec`). A method whose array names carry information (which class, which
+        expert) builds the spec from them here, raising PayloadError for a name it refuses.
+        The base checks it against the arrays' npy headers before any data is read, and
+        against their values after."""
+        return self.upload_spec(client)
+
     def validate_upload(self, payload: Payload, client: ClientInfo) -> None:
-        """Reject (PayloadError) anything the method's maths must not see. Override only when
-        the array names themselves carry information (a spec cannot list them in advance)."""
-        validate(payload, self.upload_spec(client))
+        """Reject (PayloadError) anything the method's maths must not see: the spec, then
+        :meth:`check_upload`. ``payload`` holds read-only views in the sender's dtypes."""
+        validate(payload, self.named_upload_spec(list(payload), client))
         self.check_upload(payload, client)
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
@@ -304,6 +330,7 @@ class FedStrategy(Strategy):
         self._failed, self._rejected = [], []
         self._client_seconds = 0.0
         self._train_loss, self._train_terms, self._evaluated = None, {}, []
+        self._empty = False
         available = self.list_clients(client_manager)
         n = max(self.cfg.min_fit_clients, math.ceil(self.cfg.fraction_fit * len(available)))
         n = min(n, len(available))
@@ -354,10 +381,23 @@ class FedStrategy(Strategy):
         self._train_loss = float(np.mean(losses)) if losses else None
         self._train_terms = train_terms(uploads)
         if not uploads:
-            raise RoundFailed(
-                f"round {server_round}: no client returned a usable update "
-                f"({self._counts['failures']} failed, {self._counts['rejected']} rejected); "
-                "see the warnings above.")
+            # As Flower's own strategies do, the round leaves the state as it was and the run
+            # goes on: one bad round (a node down, a squatter refused) need not end a run. Many
+            # in a row mean something is wrong that more rounds will not mend.
+            self._empty = True
+            self._empty_in_a_row += 1
+            limit = self.cfg.max_empty_rounds
+            why = (f"round {server_round}: no client returned a usable update "
+                   f"({self._counts['failures']} failed, {self._counts['rejected']} rejected; "
+                   "see the warnings above)")
+            if limit and self._empty_in_a_row >= limit:
+                raise EmptyRounds(f"{why}: {self._empty_in_a_row} such rounds in a row, "
+                                  f"max-empty-rounds = {limit}; the run stops")
+            log(WARNING, "%s; the method's state stays as it was (%d such rounds in a row, "
+                "the run stops at max-empty-rounds = %s)", why, self._empty_in_a_row,
+                limit or "never")
+            return None, {}
+        self._empty_in_a_row = 0
         self.aggregate(server_round, uploads)
         return None, {}
 
@@ -370,9 +410,18 @@ class FedStrategy(Strategy):
             raise PayloadError(f"partition {client.partition_id} already uploaded in this round")
         seen.add(client.partition_id)
         self.check_num_examples(res.num_examples, client)
-        payload = decode(res.parameters, max_abs=self.cfg.upload_max_abs)
+        # Headers first: a wrong name, shape or dtype is refused before a byte of data is
+        # read, and the values are checked on views of the received bytes, so a refused upload
+        # costs the server no more than a bounded amount beyond what it received. (A method
+        # that overrides validate_upload alone has its spec checked on those views.)
+        headers = read_headers(res.parameters)
+        if type(self).validate_upload is FedStrategy.validate_upload \
+                or type(self).named_upload_spec is not FedStrategy.named_upload_spec:
+            check_layout(headers, self.named_upload_spec(list(headers), client))
+        payload = load(headers, max_abs=self.cfg.upload_max_abs)
         self.validate_upload(payload, client)
-        return Upload(client, res.num_examples, payload, res.metrics)
+        # Only an accepted upload is copied, into the wire dtypes the method's maths sees.
+        return Upload(client, res.num_examples, to_wire(payload), res.metrics)
 
     def _identify(self, proxy: ClientProxy, metrics: Mapping[str, Scalar]) -> ClientInfo:
         pid, arch = metrics.get("partition-id"), metrics.get("arch")
@@ -467,6 +516,7 @@ class FedStrategy(Strategy):
         client_seconds = self._client_seconds + sum(_seconds(e, "eval-seconds") for e in evals)
         who = {"clients_sampled": len(self._sampled), "failed_clients": self._failed,
                "rejected_clients": sorted(self._rejected), "evaluated": self._evaluated,
+               "empty_round": self._empty,
                "train_loss": self._train_loss,
                **({"train_terms": self._train_terms} if self._train_terms else {}),
                # What the round would take if clients were as fast as fedapp.runtime.speeds
