@@ -183,6 +183,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if getattr(args, "resume", None) and args.sweep:
             raise ConfigError("--resume continues one run; give no --sweep with it.")
         runs = [resolve_run(args, variant=v) for v in sweep_variants(args.sweep)]
+        if any(cfg.tensorboard for cfg, _, _ in runs):
+            # The ServerApp runs on this machine and would refuse it only after start-up.
+            from fedapp.runtime.tensorboard import require
+            require()
     except (ConfigError, OSError, RuntimeError, ValueError) as exc:
         print(f"fedapp: {exc}", file=sys.stderr)
         return 2
