@@ -43,3 +43,22 @@ def federation_config(cfg: Any) -> str:
     return (f"num-supernodes={cfg.num_clients} "
             f"client-resources-num-cpus={cfg.client_num_cpus} "
             f"client-resources-num-gpus={cfg.client_num_gpus}")
+
+
+def visible_gpus() -> int:
+    """CUDA devices this process can see (what a private Ray instance would offer)."""
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_gpus(cfg: Any, address: str, gpus: int) -> None:
+    """Refuse ``client-num-gpus`` > 0 for a private Ray instance on a machine with ``gpus`` =
+    0: Ray would start no client at all ("ActorPool is empty"), a minute later. A cluster's
+    GPUs are on its nodes, not here: there Ray itself refuses."""
+    if cfg.client_num_gpus > 0 and address == LOCAL and gpus == 0:
+        raise ConfigError(
+            f"setting client-num-gpus = {cfg.client_num_gpus} asks Ray for a GPU share per "
+            "client, but this machine shows no CUDA device (torch.cuda.device_count() = 0, "
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!s}); "
+            "use client-num-gpus = 0 to train on the CPU, or attach to a Ray cluster with GPUs "
+            "(--ray-address).")

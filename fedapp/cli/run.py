@@ -187,6 +187,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             from fedapp.runtime.tensorboard import require
             require()
         address = cluster.ray_address(getattr(args, "ray_address", None))
+        for cfg, _, _ in runs:
+            if cfg.client_num_gpus > 0:
+                cluster.check_gpus(cfg, address, cluster.visible_gpus())
     except (ConfigError, OSError, RuntimeError, ValueError) as exc:
         print(f"fedapp: {exc}", file=sys.stderr)
         return 2
