@@ -182,3 +182,25 @@ def test_asked_for_but_not_installed_is_refused_with_what_to_do(tmp_path, monkey
     err = capsys.readouterr().err
     assert "tensorboard = true needs the tensorboard package" in err
     assert "tensorboard = false" in err
+
+
+def test_compare_shows_both_ways_to_look_at_runs(tmp_path, capsys):
+    pytest.importorskip("tensorboard", reason=NOT_INSTALLED)
+    for name, tensorboard in (("with-tb", True), ("without", False)):
+        rec = Recorder(tmp_path / name, method="fedavg", dataset="synthetic", num_clients=1,
+                       num_rounds=2, config={}, partition={}, tensorboard=tensorboard)
+        _rounds(rec, 1, [0.4, 0.6])
+        rec.finish()
+    runs = [str(tmp_path / "with-tb"), str(tmp_path / "without")]
+    assert main(["compare", *runs, "--output", str(tmp_path / "cmp.png")]) == 0
+    out = capsys.readouterr().out
+    assert f"plot: {tmp_path / 'cmp.png'}" in out
+    [line] = [line for line in out.splitlines() if line.startswith("TensorBoard")]
+    program, flag, spec = line.split(": ", 1)[1].split()
+    assert Path(program).name == "tensorboard" and Path(program).is_file()
+    assert flag == "--logdir_spec"
+    label, path = spec.split(":", 1)  # only the run that has event files, under its name
+    assert label == "with-tb"
+    assert read_scalars(Path(path).parent)["accuracy/mean"] == pytest.approx({1: 0.4, 2: 0.6})
+    assert main(["compare", runs[1], "--output", str(tmp_path / "one.png")]) == 0
+    assert "run with --set tensorboard=true" in capsys.readouterr().out

@@ -34,7 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  "start --head` printed it; default: $RAY_ADDRESS if set, else "
                                  "a private Ray instance on this machine; docs/usage.md)")
     run_parser.set_defaults(func=run.cmd_run)
-    compare = sub.add_parser("compare", help="plot and tabulate several finished runs")
+    compare = sub.add_parser("compare", help="plot and tabulate several finished runs (and "
+                             "the command that opens their TensorBoard event files)")
     compare.add_argument("runs", nargs="+", help="run folders (each with a summary.json)")
     compare.add_argument("--output", default="compare.png", help="plot path")
     compare.set_defaults(func=run.cmd_compare)

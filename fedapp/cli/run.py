@@ -261,6 +261,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     plot_runs(summaries, out, labels)
     print(compare_table(summaries, labels))
     print(f"\nplot: {out.resolve()}")
+    # The other way to look at runs: every per-round number, interactively.
+    from fedapp.runtime.tensorboard import open_command
+    command = open_command(args.runs, labels, program=str(BIN / "tensorboard"))
+    if command:
+        print(f"TensorBoard (every per-round number): {command}")
+    else:
+        print("TensorBoard: none of these runs wrote event files; run with --set "
+              "tensorboard=true to have them (docs/usage.md, 'Looking at runs')")
     return 0
 
 

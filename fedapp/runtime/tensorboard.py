@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from fedapp.config import ConfigError
 
@@ -79,6 +79,16 @@ def round_scalars(record: Mapping[str, Any]) -> dict[str, float]:
         if key != "round" and key not in PER_CLIENT:
             walk(TAGS.get(key, key), value)
     return out
+
+
+def open_command(run_dirs: Sequence[Path], labels: Sequence[str],
+                 program: str = "tensorboard") -> str | None:
+    """The command that opens the event files of those of ``run_dirs`` that have any, each
+    under its label (None when none has): what ``fedapp compare`` prints beside its plot."""
+    spec = [f"{label}:{Path(run_dir).resolve() / SUBDIR}"
+            for run_dir, label in zip(run_dirs, labels)
+            if any((Path(run_dir) / SUBDIR).glob("events.out.tfevents.*"))]
+    return f"{program} --logdir_spec {','.join(spec)}" if spec else None
 
 
 class TensorBoardWriter:
