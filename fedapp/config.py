@@ -237,6 +237,9 @@ class RunConfig:
                                          low=1)
     output_dir: str = _opt("", "absolute results directory ('' = ~/fedapp-results)")
     run_name: str = _opt("", "results sub-folder name ('' = method-dataset-time)")
+    tensorboard: bool = _opt(
+        False, "also write every round's metrics as TensorBoard scalars in the run folder's "
+        "tensorboard/ (needs the tensorboard extra: pip install -e '.[tensorboard]')")
     # -- the chosen method's own settings (``<method>.<key>``), parsed by ``strategies``
     settings: Any = field(default=None, metadata={"internal": True})
 

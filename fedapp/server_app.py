@@ -54,7 +54,8 @@ def server_fn(context: Context) -> ServerAppComponents:
         AsyncLoop.evaluations_of(cfg)
     recorder = Recorder(run_dir, method=cfg.method, dataset=cfg.dataset,
                         num_clients=cfg.num_clients, num_rounds=rounds,
-                        config=settings, partition=summary, resume_after=done)
+                        config=settings, partition=summary, resume_after=done,
+                        tensorboard=cfg.tensorboard)
     log(INFO, "[fedapp] %s on %s: %d clients, %d rounds%s; results in %s", cfg.method,
         cfg.dataset, cfg.num_clients, cfg.num_server_rounds,
         f" (resumed after round {done})" if done else "", run_dir)

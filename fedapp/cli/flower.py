@@ -102,11 +102,14 @@ def stop_process_group(process: subprocess.Popen | None) -> None:
 class LocalSuperLink:
     """A simulation SuperLink on free loopback ports, owned (and stopped) by this process."""
 
-    def __init__(self, flwr_home: Path, log_path: Path) -> None:
+    def __init__(self, flwr_home: Path, log_path: Path, ray_address: str | None = None) -> None:
+        """``ray_address``: the ``RAY_ADDRESS`` its simulations inherit (fedapp.cli.cluster);
+        None leaves the environment's."""
         self.http_port, self.control_port = _free_port(), _free_port()
         self.env = flower_env(flwr_home,
                               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(self.http_port),
-                              FLWR_LOCAL_CONTROL_API_PORT=str(self.control_port))
+                              FLWR_LOCAL_CONTROL_API_PORT=str(self.control_port),
+                              **({"RAY_ADDRESS": ray_address} if ray_address else {}))
         (flwr_home / "local-superlink").mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         self.process: subprocess.Popen | None = None

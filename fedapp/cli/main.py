@@ -29,8 +29,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                             help="one run per value (per combination, if repeated), all on "
                                  "one SuperLink; fails if any run fails (e.g. --sweep "
                                  "seed=0,1,2)")
+    run_parser.add_argument("--ray-address", metavar="HOST:PORT",
+                            help="run the virtual clients on this running Ray cluster (as `ray "
+                                 "start --head` printed it; default: $RAY_ADDRESS if set, else "
+                                 "a private Ray instance on this machine; docs/usage.md)")
     run_parser.set_defaults(func=run.cmd_run)
-    compare = sub.add_parser("compare", help="plot and tabulate several finished runs")
+    compare = sub.add_parser("compare", help="plot and tabulate several finished runs (and "
+                             "the command that opens their TensorBoard event files)")
     compare.add_argument("runs", nargs="+", help="run folders (each with a summary.json)")
     compare.add_argument("--output", default="compare.png", help="plot path")
     compare.set_defaults(func=run.cmd_compare)

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from fedapp.cli import cluster
 from fedapp.cli.flower import BIN, LocalSuperLink, run_status, stream_run
 from fedapp.config import (PROJECT_ROOT, SHARED_KEYS, ConfigError, explicit_layers, format_explicit,
                            parse_override, pyproject_defaults, read_preset, resolve_preset,
@@ -164,9 +165,7 @@ def run_on_link(link: LocalSuperLink, cfg: Any, changed: dict[str, Any], run_dir
     start = time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
     overrides = write_run_config(changed, link.flwr_home / f"{cfg.run_name}.toml")
-    federation = (f"num-supernodes={cfg.num_clients} "
-                  f"client-resources-num-cpus={cfg.client_num_cpus} "
-                  f"client-resources-num-gpus={cfg.client_num_gpus}")
+    federation = cluster.federation_config(cfg)
     cmd = [str(BIN / "flwr"), "run", str(PROJECT_ROOT), "--stream",
            "--run-config", str(overrides), "--federation-config", federation]
     run_id = stream_run(cmd, link.env, run_dir / "flwr.log", verbose)
@@ -201,14 +200,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         if getattr(args, "resume", None) and args.sweep:
             raise ConfigError("--resume continues one run; give no --sweep with it.")
         runs = [resolve_run(args, variant=v) for v in sweep_variants(args.sweep)]
+        if any(cfg.tensorboard for cfg, _, _ in runs):
+            # The ServerApp runs on this machine and would refuse it only after start-up.
+            from fedapp.runtime.tensorboard import require
+            require()
+        address = cluster.ray_address(getattr(args, "ray_address", None))
+        for cfg, _, _ in runs:
+            if cfg.client_num_gpus > 0:
+                cluster.check_gpus(cfg, address, cluster.visible_gpus())
     except (ConfigError, OSError, RuntimeError, ValueError) as exc:
         print(f"fedapp: {exc}", file=sys.stderr)
         return 2
     phases = {"validate": time.perf_counter() - start}
 
     flwr_home = Path(tempfile.mkdtemp(prefix="fedapp-flwr-home-"))
-    link = LocalSuperLink(flwr_home, runs[0][2] / "superlink.log")
+    link = LocalSuperLink(flwr_home, runs[0][2] / "superlink.log", ray_address=address)
     runs[0][2].mkdir(parents=True, exist_ok=True)
+    if address != cluster.LOCAL:
+        print(f"fedapp: the virtual clients run on the Ray cluster at {address}", flush=True)
     if len(runs) > 1:
         print(f"fedapp: a sweep of {len(runs)} runs on one SuperLink: "
               + ", ".join(run_dir.name for _, _, run_dir in runs), flush=True)
@@ -270,6 +279,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     plot_runs(summaries, out, labels)
     print(compare_table(summaries, labels))
     print(f"\nplot: {out.resolve()}")
+    # The other way to look at runs: every per-round number, interactively.
+    from fedapp.runtime.tensorboard import open_command
+    command = open_command(args.runs, labels, program=str(BIN / "tensorboard"))
+    if command:
+        print(f"TensorBoard (every per-round number): {command}")
+    else:
+        print("TensorBoard: none of these runs wrote event files; run with --set "
+              "tensorboard=true to have them (docs/usage.md, 'Looking at runs')")
     return 0
 
 

@@ -3,8 +3,10 @@
 ``config.json`` (every effective setting, ``settings``, and the layer it came from, ``layers``:
 default, the method's recipe, a preset, --set), ``partition.json`` (per-client class counts),
 ``rounds.jsonl`` (one line per round, appended as the run goes, so a crashed run keeps its
-history), ``summary.json`` and ``accuracy.png`` (or, for a run that stopped, ``failed.json``: why); the asynchronous loop adds ``updates.jsonl``
-(one line per client update) and ``timeline.png``.
+history), ``summary.json`` and ``accuracy.png`` (or, for a run that stopped, ``failed.json``:
+why); the asynchronous loop adds ``updates.jsonl`` (one line per client update) and
+``timeline.png``. With ``tensorboard = true`` the same records also go to TensorBoard event
+files in ``tensorboard/`` (``fedapp.runtime.tensorboard``).
 """
 
 from __future__ import annotations
@@ -65,9 +67,10 @@ class Recorder:
 
     def __init__(self, run_dir: Path, *, method: str, dataset: str, num_clients: int,
                  num_rounds: int, config: dict[str, Any], partition: dict[str, Any],
-                 resume_after: int = 0) -> None:
+                 resume_after: int = 0, tensorboard: bool = False) -> None:
         """A new run folder, or with ``resume_after`` = k the folder of a run resumed after
-        round k: its first k records are kept (a killed run may have written more)."""
+        round k: its first k records are kept (a killed run may have written more).
+        ``tensorboard``: every record also becomes TensorBoard scalars."""
         self.run_dir = run_dir
         self.meta = {"method": method, "dataset": dataset, "num_clients": num_clients,
                      "rounds": num_rounds}
@@ -84,12 +87,18 @@ class Recorder:
         (run_dir / FAILURE_FILE).unlink(missing_ok=True)  # a resumed run's earlier failure
         write_json(run_dir / "config.json", config)
         write_json(run_dir / "partition.json", partition)
+        self.tensorboard = None
+        if tensorboard:
+            from fedapp.runtime.tensorboard import TensorBoardWriter
+            self.tensorboard = TensorBoardWriter(run_dir, resume_after)
 
     def record_round(self, record: dict[str, Any]) -> str:
         """Append one round's record; return the progress line for it."""
         self.history.append(record)
         with open(self.run_dir / "rounds.jsonl", "a") as fh:
             fh.write(json.dumps(record, default=_json_default, allow_nan=False) + "\n")
+        if self.tensorboard is not None:
+            self.tensorboard.round(record)
         # The first round carries the start-up (Ray actors, imports): estimate from the rest.
         recent = [h["seconds"] for h in self.history[1:][-5:]] or [record["seconds"]]
         eta = float(np.mean(recent)) * (self.num_rounds - record["round"])
@@ -113,6 +122,8 @@ class Recorder:
         """Append one client update of the asynchronous loop to ``updates.jsonl``."""
         with open(self.run_dir / "updates.jsonl", "a") as fh:
             fh.write(json.dumps(update, default=_json_default, allow_nan=False) + "\n")
+        if self.tensorboard is not None:
+            self.tensorboard.update(update)
 
     def summary(self) -> dict[str, Any]:
         """The run's summary (docs/usage.md, 'Results')."""
@@ -181,6 +192,8 @@ class Recorder:
         summary = {**self.summary(), **(extra or {})}
         write_json(self.run_dir / "summary.json", summary)
         plot_runs([summary], self.run_dir / "accuracy.png", [summary["method"]])
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         return summary
 
 
