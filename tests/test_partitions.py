@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,11 +13,8 @@ import torch
 from fedapp.data.datasets import TensorData
 from fedapp.data.partitions import (
     SCHEMES,
-    FixedSizePartitioner,
     PartitionError,
     PartitionSpec,
-    PathologicalSharesPartitioner,
-    TwoClassPartitioner,
     client_data,
     get_partition,
     load_client_data,
@@ -296,17 +295,19 @@ def test_summary_is_json_ready():
 # --------------------------------------------------------------------------- #
 # flwr-datasets Partitioner contract
 # --------------------------------------------------------------------------- #
-@pytest.mark.parametrize("make", [
-    lambda: PathologicalSharesPartitioner(5, 2, seed=0),
-    lambda: TwoClassPartitioner(5, 2, seed=0),
-    lambda: FixedSizePartitioner(5, 100, 2, seed=0),
+@pytest.mark.parametrize("name,args", [
+    ("PathologicalSharesPartitioner", (5, 2)),
+    ("TwoClassPartitioner", (5, 2)),
+    ("FixedSizePartitioner", (5, 100, 2)),
 ])
-def test_custom_partitioners_follow_flwr_contract(make):
+def test_custom_partitioners_follow_flwr_contract(name, args):
     from datasets import Dataset
     from flwr_datasets.partitioner import Partitioner
 
+    from fedapp.data import flwr_partitioners
+
     ds = Dataset.from_dict({"label": TRAIN_Y[:2000], "row": np.arange(2000)})
-    partitioner = make()
+    partitioner = getattr(flwr_partitioners, name)(*args, seed=0)
     assert isinstance(partitioner, Partitioner)
     partitioner.dataset = ds
     assert partitioner.num_partitions == 5
@@ -317,6 +318,142 @@ def test_custom_partitioners_follow_flwr_contract(make):
     assert len(flat) == len(set(flat))
     with pytest.raises(ValueError):
         partitioner.load_partition(5)
+
+
+# --------------------------------------------------------------------------- #
+# Same partitions as flwr-datasets' partitioners on a Hugging Face dataset
+# --------------------------------------------------------------------------- #
+# Labels with a class missing and uneven class sizes, beside the balanced TRAIN_Y.
+SKEWED_Y = np.random.default_rng(3).choice(
+    C - 1, size=12_000, p=np.arange(C - 1, 0, -1) / np.arange(C - 1, 0, -1).sum()
+).astype(np.int64)
+
+
+def reference_train_indices(train_labels: np.ndarray, spec: PartitionSpec):
+    """Each client's train indices, in order, from flwr-datasets' partitioners (``iid``,
+    ``dirichlet``) or fedapp's ``Partitioner`` s on a label-only ``datasets.Dataset`` whose rows
+    carry their index; None where the scheme gives up.  ``iid`` and ``dirichlet`` see the rows in
+    the order of ``default_rng([seed, 0])``; ``dirichlet`` restarts with seeds
+    ``SeedSequence([seed, 99, restart])`` when ``DirichletPartitioner`` gives up."""
+    import warnings
+
+    from datasets import Dataset
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner
+
+    from fedapp.data import flwr_partitioners as fp
+
+    n = len(train_labels)
+    shuffled = spec.scheme in ("iid", "dirichlet")
+    order = np.random.default_rng([spec.seed, 0]).permutation(n) if shuffled else np.arange(n)
+    ds = Dataset.from_dict({"label": train_labels[order], "row": order})
+
+    def rows(partitioner):
+        partitioner.dataset = ds
+        return [partitioner.load_partition(i).with_format("arrow")["row"].to_numpy()
+                for i in range(spec.num_clients)]
+
+    K, k = spec.num_clients, spec.classes_per_client
+    if spec.scheme == "iid":
+        return rows(IidPartitioner(K))
+    if spec.scheme == "pathological":
+        return rows(fp.PathologicalSharesPartitioner(K, k, seed=spec.seed))
+    if spec.scheme == "two-class":
+        return rows(fp.TwoClassPartitioner(K, k, spec.two_class_with_replacement, seed=spec.seed))
+    if spec.scheme == "fixed-size":
+        try:
+            return rows(fp.FixedSizePartitioner(K, spec.samples_per_client, k, seed=spec.seed))
+        except ValueError:
+            return None
+    for restart in range(10):
+        seed = spec.seed if restart == 0 else int(
+            np.random.SeedSequence([spec.seed, 99, restart]).generate_state(1)[0])
+        partitioner = DirichletPartitioner(
+            K, "label", alpha=float(spec.alpha), min_partition_size=spec.min_partition_size,
+            self_balancing=True, shuffle=True, seed=seed)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # one warning per re-draw
+                return rows(partitioner)
+        except ValueError:  # min_partition_size not met after its re-draws
+            continue
+    return None
+
+
+def _cases():
+    extras = [dict(), dict(max_samples_per_client=25, val_fraction=0.1, label_permutation=True),
+              dict(local_test="split", test_fraction=0.2, val_fraction=0.1)]
+    cases = []
+    for i, (K, seed) in enumerate([(1, 0), (3, 7), (10, 1), (64, 2)]):
+        cases.append(dict(scheme="iid", num_clients=K, seed=seed, **extras[i % 3]))
+    for i, (K, seed, alpha, m) in enumerate([
+        (5, 0, 0.5, 10), (20, 4, 0.1, 0), (100, 1, 2.0, 10), (7, 2, 0.05, 5),
+        (20, 0, 0.1, 200),  # DirichletPartitioner gives up: the second seed meets it
+        (20, 0, 0.1, 300),  # ... the fifth seed
+        (20, 1, 0.1, 300),  # no seed meets it: refused
+    ]):
+        cases.append(dict(scheme="dirichlet", num_clients=K, seed=seed, alpha=alpha,
+                          min_partition_size=m, **extras[i % 3]))
+    for i, (K, seed, k) in enumerate([(5, 0, 2), (10, 3, 1), (7, 1, 3), (40, 2, 4)]):
+        for scheme in ("pathological", "two-class", "fixed-size"):
+            cases.append(dict(scheme=scheme, num_clients=K, seed=seed, classes_per_client=k,
+                              samples_per_client=max(k, 3000 // K), **extras[i % 3]))
+        cases.append(dict(scheme="two-class", num_clients=K, seed=seed, classes_per_client=k,
+                          two_class_with_replacement=True, **extras[(i + 1) % 3]))
+    cases.append(dict(scheme="fixed-size", num_clients=10, classes_per_client=2,
+                      samples_per_client=1100))  # too many per class on SKEWED_Y: refused
+    return cases
+
+
+@pytest.mark.parametrize("kw", _cases(), ids=lambda kw: "-".join(f"{v}" for v in kw.values()))
+@pytest.mark.parametrize("labels", [TRAIN_Y, SKEWED_Y], ids=["balanced", "skewed"])
+def test_partitions_identical_to_flwr_datasets_partitioners(kw, labels, monkeypatch):
+    from fedapp.data import partitions as partitions_mod
+
+    spec = PartitionSpec(**kw)
+    reference = reference_train_indices(labels, spec)
+    if reference is None:
+        with pytest.raises(PartitionError):
+            make_partition(labels, TEST_Y, C, spec)
+        return
+    got = partitions_mod._partition_train_indices(labels, spec)
+    assert len(got) == len(reference)
+    for ours, theirs in zip(got, reference):  # the order matters: the cap and hold-outs use it
+        assert ours.dtype == np.int64
+        np.testing.assert_array_equal(ours, theirs)
+    # ... and so the whole partition: cap, hold-outs, local test, label permutation
+    ours = make_partition(labels, TEST_Y, C, spec)
+    monkeypatch.setattr(partitions_mod, "_partition_train_indices", lambda *_: reference)
+    theirs = make_partition(labels, TEST_Y, C, spec)
+    for a, b in zip(ours.clients, theirs.clients, strict=True):
+        for field in ("train", "val", "test", "label_permutation"):
+            np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+
+
+def test_partitions_identical_to_flwr_datasets_at_a_thousand_clients():
+    spec = PartitionSpec(scheme="dirichlet", num_clients=1200, seed=5, alpha=0.5,
+                         min_partition_size=2)
+    from fedapp.data.partitions import _partition_train_indices
+
+    got, reference = _partition_train_indices(TRAIN_Y, spec), reference_train_indices(TRAIN_Y, spec)
+    assert len(got) == len(reference) == 1200
+    for ours, theirs in zip(got, reference):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def test_partitioning_builds_no_hugging_face_dataset():
+    # Run in a fresh interpreter: the tests above import `datasets` into this one.
+    code = (
+        "import sys, numpy as np\n"
+        "from fedapp.data.partitions import SCHEMES, PartitionSpec, make_partition\n"
+        "y = np.arange(2000) % 10\n"
+        "for s in SCHEMES:\n"
+        "    make_partition(y, y, 10, PartitionSpec(scheme=s, num_clients=20,"
+        " samples_per_client=50, min_partition_size=1))\n"
+        "print(sorted(m for m in ('datasets', 'flwr_datasets', 'pyarrow') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]", out
 
 
 # --------------------------------------------------------------------------- #

@@ -1,22 +1,26 @@
 """Seeded partitioning of a labelled dataset into federated clients.
 
-Every scheme goes through a ``flwr_datasets.partitioner.Partitioner`` working on
-a local, label-only ``datasets.Dataset`` (no internet: we assign
-``partitioner.dataset = ds`` and call ``load_partition(i)``; the row index is
-carried as a column so that each partition gives back indices into the train
-split).  flwr-datasets covers two of the schemes; the papers' pathological
-schemes are implemented here as ``Partitioner`` subclasses:
+The train indices of every client are computed once, from the label array
+alone, by plain numpy index arithmetic (one function per scheme), and the
+whole :class:`Partition` is cached per process (:func:`get_partition`): no
+dataset object is built per client.  ``iid`` and ``dirichlet`` give exactly
+the rows that flwr-datasets' ``IidPartitioner`` and ``DirichletPartitioner``
+give on a label-only ``datasets.Dataset`` in the same seeded row order (same
+draws from the same generator; ``tests/test_partitions.py`` checks it against
+them).  The papers' own schemes are functions here too, and
+:mod:`fedapp.data.flwr_partitioners` wraps them as flwr-datasets
+``Partitioner`` s for use with ``FederatedDataset``:
 
-================  ==========================================  ======================================
-``scheme``        partitioner                                 source
-================  ==========================================  ======================================
-``iid``           ``flwr_datasets`` ``IidPartitioner``        equal random split
-``dirichlet``     ``flwr_datasets`` ``DirichletPartitioner``  NIID-Bench Dir(alpha) label skew
-                  (``self_balancing=True``)                   (FedClassAvg: Jang et al., ICPP 2022)
-``pathological``  :class:`PathologicalSharesPartitioner`      pFedHN/FedGH (Yi et al., ACM MM 2023)
-``two-class``     :class:`TwoClassPartitioner`                FedClassAvg "skewed"
-``fixed-size``    :class:`FixedSizePartitioner`               CompFL (Xu et al., FedKDD 2024)
-================  ==========================================  ======================================
+================  =======================================  ======================================
+``scheme``        train indices as                         source
+================  =======================================  ======================================
+``iid``           flwr-datasets ``IidPartitioner``         equal random split
+``dirichlet``     flwr-datasets ``DirichletPartitioner``   NIID-Bench Dir(alpha) label skew
+                  (``self_balancing=True``)                (FedClassAvg: Jang et al., ICPP 2022)
+``pathological``  :func:`_pathological_rows`               pFedHN/FedGH (Yi et al., ACM MM 2023)
+``two-class``     :func:`_two_class_rows`                  FedClassAvg "skewed"
+``fixed-size``    :func:`_fixed_size_rows`                 CompFL (Xu et al., FedKDD 2024)
+================  =======================================  ======================================
 
 After the train indices of each client are known, :func:`make_partition`
 applies, per client and in this order:
@@ -57,18 +61,13 @@ from __future__ import annotations
 import collections
 import hashlib
 import threading
-import warnings
-from abc import abstractmethod
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Partitioner
 
-if TYPE_CHECKING:  # imported lazily at run time: `datasets` costs ~1-2 s to import
-    import datasets
-
+if TYPE_CHECKING:
     from fedapp.data.datasets import TensorData
 
 __all__ = [
@@ -77,12 +76,9 @@ __all__ = [
     "SCHEMES",
     "ClientData",
     "ClientSplit",
-    "FixedSizePartitioner",
     "Partition",
     "PartitionError",
     "PartitionSpec",
-    "PathologicalSharesPartitioner",
-    "TwoClassPartitioner",
     "client_data",
     "load_client_data",
     "make_partition",
@@ -92,10 +88,6 @@ SCHEMES = ("iid", "dirichlet", "pathological", "two-class", "fixed-size")
 # Not drawn here: the partition a federation's per-client files give (files_partition).
 FILES_SCHEME = "files"
 LOCAL_TEST_MODES = ("global", "split")
-
-# Name of the column that carries the original row index through flwr-datasets.
-_INDEX_COLUMN = "row"
-_LABEL_COLUMN = "label"
 
 # Independent random streams, so that e.g. changing val_fraction does not
 # change the label permutation or the cap subsample of a client.
@@ -313,11 +305,6 @@ def _frozen(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def _column(ds: "datasets.Dataset", name: str) -> np.ndarray:
-    """A dataset column as numpy, fast (Arrow format avoids a per-row Python loop)."""
-    return ds.with_format("arrow")[name].to_numpy()
-
-
 def _balanced_class_assignment(
     num_clients: int, classes_per_client: int, num_classes: int, rng: np.random.Generator
 ) -> list[np.ndarray]:
@@ -349,65 +336,88 @@ def _balanced_class_assignment(
 
 
 # --------------------------------------------------------------------------- #
-# flwr-datasets Partitioner subclasses for the papers' schemes
+# Train indices per client: one function per scheme, on the label array alone
 # --------------------------------------------------------------------------- #
-class _LabelSkewPartitioner(Partitioner):
-    """Shared plumbing for the label-skew partitioners below.
+def _iid_rows(order: np.ndarray, num_clients: int) -> list[np.ndarray]:
+    """flwr-datasets' ``IidPartitioner``: contiguous shards of the (seeded) row order.
 
-    Follows the ``flwr_datasets.partitioner.Partitioner`` contract: set
-    ``dataset`` once, then ``load_partition(i)`` returns ``dataset.select(rows_i)``.
-    The full assignment is computed lazily on first use (it needs all labels at
-    once) and cached.  Subclasses implement :meth:`_assign`.
+    Its ``Dataset.shard(K, i, contiguous=True)`` gives the first ``n mod K``
+    shards one row more than the others, as ``np.array_split`` does.
     """
-
-    def __init__(
-        self,
-        num_partitions: int,
-        partition_by: str = _LABEL_COLUMN,
-        shuffle: bool = True,
-        seed: int | None = 42,
-    ) -> None:
-        super().__init__()
-        if num_partitions < 1:
-            raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
-        self._num_partitions = int(num_partitions)
-        self._partition_by = partition_by
-        self._shuffle = shuffle
-        self._seed = seed
-        self._rows: list[np.ndarray] | None = None
-        self.partition_classes: list[np.ndarray] = []  # per partition: class labels it holds
-
-    @property
-    def num_partitions(self) -> int:
-        """Total number of partitions."""
-        return self._num_partitions
-
-    @property
-    def partition_rows(self) -> list[np.ndarray]:
-        """Row positions (into ``self.dataset``) of every partition."""
-        if self._rows is None:
-            labels = _column(self.dataset, self._partition_by)
-            rng = np.random.default_rng(self._seed)
-            rows = self._assign(labels, rng)
-            if self._shuffle:
-                rows = [rng.permutation(r) for r in rows]
-            self._rows = [np.asarray(r, dtype=np.int64) for r in rows]
-        return self._rows
-
-    def load_partition(self, partition_id: int) -> "datasets.Dataset":
-        """Load partition ``partition_id`` (0 .. num_partitions - 1)."""
-        if not 0 <= partition_id < self._num_partitions:
-            raise ValueError(
-                f"partition_id {partition_id} out of range 0..{self._num_partitions - 1}"
-            )
-        return self.dataset.select(self.partition_rows[partition_id])
-
-    @abstractmethod
-    def _assign(self, labels: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
-        """Return the row positions of every partition, given all labels."""
+    return np.array_split(order, num_clients)
 
 
-class PathologicalSharesPartitioner(_LabelSkewPartitioner):
+# DirichletPartitioner draws once and re-draws up to 10 times before it gives up.
+_DIRICHLET_DRAWS = 11
+
+
+def _dirichlet_rows(
+    labels: np.ndarray, num_clients: int, alpha: float, min_size: int, seed: int
+) -> list[np.ndarray] | None:
+    """flwr-datasets' ``DirichletPartitioner`` (``self_balancing=True``, ``shuffle=True``).
+
+    The same draws from the same generator (``default_rng(seed)``), so the same
+    rows: for each class in ascending label order, proportions ~ Dir(alpha) over
+    the clients; a client already holding more than ``n/K`` rows gets no more
+    (self-balancing, NIID-Bench: Li et al., ICDE 2022); the class's rows, in
+    dataset order, are cut at ``int(cumsum(proportions) * n_c)``.  If a client
+    ends with fewer than ``min_size`` rows everything is re-drawn, at most
+    ``_DIRICHLET_DRAWS`` times in all (then None).  Finally each client's rows,
+    in class order, are shuffled in place, client after client.
+    """
+    rng = np.random.default_rng(seed)
+    alphas = np.full(num_clients, float(alpha))
+    balance_cap = len(labels) / num_clients
+    members = [np.flatnonzero(labels == c) for c in np.unique(labels)]
+    for _ in range(_DIRICHLET_DRAWS):
+        sizes = np.zeros(num_clients, dtype=np.int64)
+        owner_per_class = []
+        for rows in members:
+            proportions = rng.dirichlet(alphas)
+            proportions[sizes > balance_cap] = 0.0
+            # flwr-datasets normalises by Python's sum(), a left-to-right sum: cumsum's last
+            # element is that very sum (np.sum adds pairwise and may differ in the last bit).
+            proportions = proportions / np.cumsum(proportions)[-1]
+            cuts = (np.cumsum(proportions) * len(rows)).astype(np.int64)[:-1]
+            bounds = np.concatenate(([0], np.minimum(cuts, len(rows)), [len(rows)]))
+            counts = np.diff(bounds)
+            sizes += counts
+            owner_per_class.append(np.repeat(np.arange(num_clients), counts))
+        if sizes.min() >= min_size:
+            break
+    else:
+        return None
+    # Each client's rows in class order, and in dataset order within a class (a stable sort
+    # by owner keeps that order), then shuffled with the generator that drew the proportions.
+    owner = np.concatenate(owner_per_class)
+    grouped = np.concatenate(members)[np.argsort(owner, kind="stable")]
+    client_rows = np.split(grouped, np.cumsum(sizes)[:-1])
+    for rows in client_rows:
+        rng.shuffle(rows)
+    return client_rows
+
+
+def _check_classes_per_client(k: int, present: int) -> None:
+    if not 1 <= k <= present:
+        raise ValueError(
+            f"num_classes_per_partition={k} must be between 1 and the "
+            f"number of classes present ({present})"
+        )
+
+
+def _holders(assignment: list[np.ndarray], num_classes: int) -> list[list[int]]:
+    """For every class position, the clients holding it (ascending)."""
+    holders: list[list[int]] = [[] for _ in range(num_classes)]
+    for client, class_positions in enumerate(assignment):
+        for c_pos in class_positions:
+            holders[int(c_pos)].append(client)
+    return holders
+
+
+def _pathological_rows(
+    labels: np.ndarray, num_clients: int, k: int, rng: np.random.Generator,
+    low: float = 0.4, high: float = 0.6,
+) -> list[np.ndarray]:
     """pFedHN / FedGH pathological split: ``k`` classes per client with random shares.
 
     FedGH official code (pFedHN recipe; Yi et al., ACM MM 2023): each class is given to
@@ -419,51 +429,29 @@ class PathologicalSharesPartitioner(_LabelSkewPartitioner):
     distributed as evenly as possible: ``(k*K) mod C`` random classes get one
     more holder than the rest (see :func:`_balanced_class_assignment`).  When
     ``k*K < C`` some classes have no holder and are left out.
-
-    ``partition_classes[i]`` and ``class_shares[c]`` (dict client -> share)
-    expose the assignment after the first ``load_partition``.
     """
-
-    def __init__(
-        self,
-        num_partitions: int,
-        num_classes_per_partition: int,
-        partition_by: str = _LABEL_COLUMN,
-        low: float = 0.4,
-        high: float = 0.6,
-        shuffle: bool = True,
-        seed: int | None = 42,
-    ) -> None:
-        super().__init__(num_partitions, partition_by, shuffle, seed)
-        self._k = int(num_classes_per_partition)
-        self._low, self._high = float(low), float(high)
-        self.class_shares: dict[Any, dict[int, float]] = {}
-
-    def _assign(self, labels: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
-        classes = np.unique(labels)
-        if not 1 <= self._k <= len(classes):
-            raise ValueError(
-                f"num_classes_per_partition={self._k} must be between 1 and the "
-                f"number of classes present ({len(classes)})"
-            )
-        assignment = _balanced_class_assignment(self._num_partitions, self._k, len(classes), rng)
-        self.partition_classes = [classes[a] for a in assignment]
-        rows: list[list[np.ndarray]] = [[] for _ in range(self._num_partitions)]
-        for c_pos, c in enumerate(classes):
-            holders = [i for i, a in enumerate(assignment) if c_pos in a]
-            if not holders:
-                continue
-            shares = rng.uniform(self._low, self._high, size=len(holders))
-            shares /= shares.sum()
-            self.class_shares[c.item()] = {h: float(s) for h, s in zip(holders, shares)}
-            members = rng.permutation(np.flatnonzero(labels == c))
-            cuts = np.round(np.cumsum(shares)[:-1] * len(members)).astype(np.int64)
-            for holder, part in zip(holders, np.split(members, cuts)):
-                rows[holder].append(part)
-        return [np.concatenate(r) if r else np.empty(0, np.int64) for r in rows]
+    classes = np.unique(labels)
+    _check_classes_per_client(k, len(classes))
+    assignment = _balanced_class_assignment(num_clients, k, len(classes), rng)
+    holders_of = _holders(assignment, len(classes))
+    rows: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c_pos, c in enumerate(classes):
+        holders = holders_of[c_pos]
+        if not holders:
+            continue
+        shares = rng.uniform(low, high, size=len(holders))
+        shares /= shares.sum()
+        members = rng.permutation(np.flatnonzero(labels == c))
+        cuts = np.round(np.cumsum(shares)[:-1] * len(members)).astype(np.int64)
+        for holder, part in zip(holders, np.split(members, cuts)):
+            rows[holder].append(part)
+    return [np.concatenate(r) if r else np.empty(0, np.int64) for r in rows]
 
 
-class TwoClassPartitioner(_LabelSkewPartitioner):
+def _two_class_rows(
+    labels: np.ndarray, num_clients: int, k: int, with_replacement: bool,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
     """FedClassAvg "skewed" split: ``k`` (default 2) classes per client, ``n/(kK)`` samples each.
 
     FedClassAvg's official code (``utils.partition_data``, ``noniid-twoclass``;
@@ -479,122 +467,85 @@ class TwoClassPartitioner(_LabelSkewPartitioner):
     samples, so on a balanced dataset every client has exactly
     ``k * (n // (k*K))`` samples.
     """
-
-    def __init__(
-        self,
-        num_partitions: int,
-        num_classes_per_partition: int = 2,
-        with_replacement: bool = False,
-        partition_by: str = _LABEL_COLUMN,
-        shuffle: bool = True,
-        seed: int | None = 42,
-    ) -> None:
-        super().__init__(num_partitions, partition_by, shuffle, seed)
-        self._k = int(num_classes_per_partition)
-        self._with_replacement = bool(with_replacement)
-
-    def _assign(self, labels: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
-        classes = np.unique(labels)
-        if not 1 <= self._k <= len(classes):
-            raise ValueError(
-                f"num_classes_per_partition={self._k} must be between 1 and the "
-                f"number of classes present ({len(classes)})"
+    classes = np.unique(labels)
+    _check_classes_per_client(k, len(classes))
+    shard = len(labels) // (k * num_clients)
+    if shard < 1:
+        raise ValueError(
+            f"{len(labels)} samples are too few for {num_clients} partitions "
+            f"x {k} classes (shard size n // (k*K) would be 0)"
+        )
+    members = {c_pos: np.flatnonzero(labels == c) for c_pos, c in enumerate(classes)}
+    if with_replacement:
+        rows = []
+        for _ in range(num_clients):
+            chosen = rng.choice(len(classes), size=k, replace=False)
+            rows.append(
+                np.concatenate([rng.choice(members[c], size=shard, replace=True) for c in chosen])
             )
-        shard = len(labels) // (self._k * self._num_partitions)
-        if shard < 1:
-            raise ValueError(
-                f"{len(labels)} samples are too few for {self._num_partitions} partitions "
-                f"x {self._k} classes (shard size n // (k*K) would be 0)"
-            )
-        members = {c_pos: np.flatnonzero(labels == c) for c_pos, c in enumerate(classes)}
-        if self._with_replacement:
-            rows = []
-            self.partition_classes = []
-            for _ in range(self._num_partitions):
-                chosen = rng.choice(len(classes), size=self._k, replace=False)
-                self.partition_classes.append(np.sort(classes[chosen]))
-                rows.append(
-                    np.concatenate(
-                        [rng.choice(members[c], size=shard, replace=True) for c in chosen]
-                    )
-                )
-            return rows
+        return rows
 
-        assignment = _balanced_class_assignment(self._num_partitions, self._k, len(classes), rng)
-        self.partition_classes = [classes[a] for a in assignment]
-        rows_lists: list[list[np.ndarray]] = [[] for _ in range(self._num_partitions)]
-        for c_pos in range(len(classes)):
-            holders = [i for i, a in enumerate(assignment) if c_pos in a]
-            if not holders:
-                continue
-            pool = rng.permutation(members[c_pos])
-            per = min(shard, len(pool) // len(holders))
-            for j, holder in enumerate(holders):
-                rows_lists[holder].append(pool[j * per : (j + 1) * per])
-        return [np.concatenate(r) for r in rows_lists]
+    assignment = _balanced_class_assignment(num_clients, k, len(classes), rng)
+    holders_of = _holders(assignment, len(classes))
+    rows_lists: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c_pos in range(len(classes)):
+        holders = holders_of[c_pos]
+        if not holders:
+            continue
+        pool = rng.permutation(members[c_pos])
+        per = min(shard, len(pool) // len(holders))
+        for j, holder in enumerate(holders):
+            rows_lists[holder].append(pool[j * per : (j + 1) * per])
+    return [np.concatenate(r) for r in rows_lists]
 
 
-class FixedSizePartitioner(_LabelSkewPartitioner):
-    """CompFL split: each client gets exactly ``s`` samples over ``k`` classes, balanced, disjoint.
+def _fixed_size_rows(
+    labels: np.ndarray, num_clients: int, size: int, k: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """CompFL split: each client gets exactly ``size`` samples of ``k`` classes, balanced, disjoint.
 
     CompFL (Xu et al., FedKDD 2024): each client gets N classes, balanced samples
-    per class, 500 samples per client.  Each client gets ``s // k`` samples of each
-    of its classes, and ``s mod k`` of its classes (chosen at random) one more.
+    per class, 500 samples per client.  Each client gets ``size // k`` samples of each
+    of its classes, and ``size mod k`` of its classes (chosen at random) one more.
     Classes are spread evenly over clients (``k*K/C`` holders each, floor/ceil;
     see :func:`_balanced_class_assignment`) so that no class runs out early.
     Raises ``ValueError`` if some class has fewer samples than its holders need.
     """
-
-    def __init__(
-        self,
-        num_partitions: int,
-        samples_per_partition: int,
-        num_classes_per_partition: int,
-        partition_by: str = _LABEL_COLUMN,
-        shuffle: bool = True,
-        seed: int | None = 42,
-    ) -> None:
-        super().__init__(num_partitions, partition_by, shuffle, seed)
-        self._size = int(samples_per_partition)
-        self._k = int(num_classes_per_partition)
-
-    def _assign(self, labels: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
-        classes = np.unique(labels)
-        if not 1 <= self._k <= len(classes):
+    classes = np.unique(labels)
+    _check_classes_per_client(k, len(classes))
+    if size < k:
+        raise ValueError(
+            f"samples_per_partition={size} is smaller than num_classes_per_partition={k}"
+        )
+    assignment = _balanced_class_assignment(num_clients, k, len(classes), rng)
+    # quota[i][c_pos]: samples of class c_pos for client i
+    quota: list[dict[int, int]] = []
+    for a in assignment:
+        q = {int(c): size // k for c in a}
+        for c in rng.choice(a, size=size % k, replace=False):
+            q[int(c)] += 1
+        quota.append(q)
+    holders_of = _holders(assignment, len(classes))
+    rows_lists: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c_pos, c in enumerate(classes):
+        pool = rng.permutation(np.flatnonzero(labels == c))
+        demand = [(i, quota[i][c_pos]) for i in holders_of[c_pos]]
+        need = sum(n for _, n in demand)
+        if need > len(pool):
             raise ValueError(
-                f"num_classes_per_partition={self._k} must be between 1 and the "
-                f"number of classes present ({len(classes)})"
+                f"class {c!r} has {len(pool)} samples but its {len(demand)} partitions "
+                f"need {need} (samples_per_partition={size}, num_classes_per_partition={k})"
             )
-        if self._size < self._k:
-            raise ValueError(
-                f"samples_per_partition={self._size} is smaller than "
-                f"num_classes_per_partition={self._k}"
-            )
-        assignment = _balanced_class_assignment(self._num_partitions, self._k, len(classes), rng)
-        self.partition_classes = [classes[a] for a in assignment]
-        # quota[i][c_pos]: samples of class c_pos for client i
-        quota: list[dict[int, int]] = []
-        for a in assignment:
-            q = {int(c): self._size // self._k for c in a}
-            for c in rng.choice(a, size=self._size % self._k, replace=False):
-                q[int(c)] += 1
-            quota.append(q)
-        rows_lists: list[list[np.ndarray]] = [[] for _ in range(self._num_partitions)]
-        for c_pos, c in enumerate(classes):
-            pool = rng.permutation(np.flatnonzero(labels == c))
-            demand = [(i, q[c_pos]) for i, q in enumerate(quota) if c_pos in q]
-            need = sum(n for _, n in demand)
-            if need > len(pool):
-                raise ValueError(
-                    f"class {c!r} has {len(pool)} samples but its {len(demand)} partitions "
-                    f"need {need} (samples_per_partition={self._size}, "
-                    f"num_classes_per_partition={self._k})"
-                )
-            start = 0
-            for holder, n in demand:
-                rows_lists[holder].append(pool[start : start + n])
-                start += n
-        return [np.concatenate(r) for r in rows_lists]
+        start = 0
+        for holder, n in demand:
+            rows_lists[holder].append(pool[start : start + n])
+            start += n
+    return [np.concatenate(r) for r in rows_lists]
+
+
+def _shuffled(rows: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
+    """Every client's rows in random order, client after client, from the scheme's generator."""
+    return [rng.permutation(r).astype(np.int64, copy=False) for r in rows]
 
 
 # --------------------------------------------------------------------------- #
@@ -685,90 +636,67 @@ def _validate(spec: PartitionSpec, train_labels: np.ndarray, test_labels: np.nda
             )
 
 
-_DIRICHLET_RESTARTS = 10  # x 10 re-draws inside each DirichletPartitioner
+_DIRICHLET_RESTARTS = 10  # fresh seeds, each with _DIRICHLET_DRAWS draws
 
 
-def _build_partitioner(spec: PartitionSpec, restart: int = 0) -> Partitioner:
-    """The flwr-datasets partitioner for ``spec`` (``restart`` only varies the Dirichlet seed)."""
-    if spec.scheme == "iid":
-        return IidPartitioner(num_partitions=spec.num_clients)
-    if spec.scheme == "dirichlet":
-        # self_balancing=True = NIID-Bench's cap "stop giving samples to a client
-        # that already holds n/K", which FedClassAvg's code uses (NIID-Bench: Li et al., ICDE 2022;
-        # FedClassAvg: Jang et al., ICPP 2022).
-        return DirichletPartitioner(
-            num_partitions=spec.num_clients,
-            partition_by=_LABEL_COLUMN,
-            alpha=float(spec.alpha),
-            min_partition_size=int(spec.min_partition_size),
-            self_balancing=True,
-            shuffle=True,
-            seed=int(spec.seed) if restart == 0
-            else int(np.random.SeedSequence([int(spec.seed), 99, restart]).generate_state(1)[0]),
-        )
-    if spec.scheme == "pathological":
-        return PathologicalSharesPartitioner(
-            spec.num_clients, spec.classes_per_client, seed=int(spec.seed)
-        )
-    if spec.scheme == "two-class":
-        return TwoClassPartitioner(
-            spec.num_clients,
-            spec.classes_per_client,
-            with_replacement=spec.two_class_with_replacement,
-            seed=int(spec.seed),
-        )
-    if spec.scheme == "fixed-size":
-        return FixedSizePartitioner(
-            spec.num_clients, spec.samples_per_client, spec.classes_per_client, seed=int(spec.seed)
-        )
-    raise _bad("scheme", spec.scheme, "one of " + ", ".join(SCHEMES))
+def _dirichlet_seed(seed: int, restart: int) -> int:
+    """Seed of Dirichlet restart ``restart`` (restart 0 uses ``seed`` itself)."""
+    if restart == 0:
+        return int(seed)
+    return int(np.random.SeedSequence([int(seed), 99, restart]).generate_state(1)[0])
 
 
 def _partition_train_indices(train_labels: np.ndarray, spec: PartitionSpec) -> list[np.ndarray]:
-    """Run the flwr-datasets partitioner for ``spec`` and return train indices per client."""
-    from datasets import Dataset  # lazy: heavy import, only needed when partitioning
+    """Train indices of every client under ``spec.scheme``, from the labels alone.
 
+    The order of a client's indices matters: the cap and the hold-outs of
+    :func:`make_partition` pick positions in it.
+    """
     n = len(train_labels)
-    if spec.scheme in ("iid", "dirichlet"):
-        # IidPartitioner shards contiguously and DirichletPartitioner cuts each
-        # class in dataset order, so feed them a seeded random row order to get
-        # random (not positional) subsets.
+    if spec.scheme == "iid" or spec.scheme == "dirichlet":
+        # Sharding contiguously (iid) and cutting each class in dataset order (dirichlet) would
+        # give positional subsets, so both see the rows in a seeded random order.
         order = _rng(spec.seed, _STREAM_ROW_ORDER).permutation(n)
-    else:
-        order = np.arange(n)
-    ds = Dataset.from_dict(
-        {_LABEL_COLUMN: train_labels[order], _INDEX_COLUMN: order.astype(np.int64)}
-    ).with_format("arrow")
-    # DirichletPartitioner gives up after 10 re-draws when min_partition_size is
-    # not met, whereas NIID-Bench (FedClassAvg's code) re-draws until it is.  We
-    # approximate the latter with up to _DIRICHLET_RESTARTS fresh partitioners,
-    # seeded deterministically from spec.seed (restart 0 uses spec.seed itself).
-    restarts = _DIRICHLET_RESTARTS if spec.scheme == "dirichlet" else 1
-    for restart in range(restarts):
-        partitioner = _build_partitioner(spec, restart)
-        partitioner.dataset = ds
-        try:
-            with warnings.catch_warnings():
-                # DirichletPartitioner warns on every re-draw; NIID-Bench re-draws silently.
-                warnings.filterwarnings("ignore", message="The specified min_partition_size")
-                parts = [partitioner.load_partition(i) for i in range(spec.num_clients)]
-        except ValueError as exc:
-            if restart + 1 < restarts:
-                continue
-            raise _scheme_failure(spec, exc) from exc
-        return [_column(p, _INDEX_COLUMN).astype(np.int64) for p in parts]
-    raise AssertionError("unreachable")
+        if spec.scheme == "iid":
+            return _iid_rows(order, spec.num_clients)
+        # DirichletPartitioner gives up after its re-draws when min_partition_size is not met,
+        # whereas NIID-Bench (FedClassAvg's code) re-draws until it is.  We approximate the
+        # latter with up to _DIRICHLET_RESTARTS fresh seeds derived from spec.seed.
+        labels = train_labels[order]
+        for restart in range(_DIRICHLET_RESTARTS):
+            rows = _dirichlet_rows(labels, spec.num_clients, spec.alpha,
+                                   spec.min_partition_size, _dirichlet_seed(spec.seed, restart))
+            if rows is not None:
+                return [order[r] for r in rows]
+        raise _scheme_failure(spec, None)
+    rng = np.random.default_rng(int(spec.seed))
+    try:
+        if spec.scheme == "pathological":
+            rows = _pathological_rows(train_labels, spec.num_clients, spec.classes_per_client, rng)
+        elif spec.scheme == "two-class":
+            rows = _two_class_rows(train_labels, spec.num_clients, spec.classes_per_client,
+                                   spec.two_class_with_replacement, rng)
+        elif spec.scheme == "fixed-size":
+            rows = _fixed_size_rows(train_labels, spec.num_clients, spec.samples_per_client,
+                                    spec.classes_per_client, rng)
+        else:
+            raise _bad("scheme", spec.scheme, "one of " + ", ".join(SCHEMES))
+    except ValueError as exc:
+        if isinstance(exc, PartitionError):
+            raise
+        raise _scheme_failure(spec, exc) from exc
+    return _shuffled(rows, rng)
 
 
-def _scheme_failure(spec: PartitionSpec, exc: ValueError) -> PartitionError:
-    """Translate a partitioner's ValueError into a PartitionError naming the setting."""
+def _scheme_failure(spec: PartitionSpec, exc: ValueError | None) -> PartitionError:
+    """A scheme that cannot be met, as a PartitionError naming the setting."""
     if spec.scheme == "dirichlet":
         return _bad(
             "min_partition_size",
             spec.min_partition_size,
             f"could not be met with alpha={spec.alpha} and num_clients={spec.num_clients} "
-            f"within {10 * _DIRICHLET_RESTARTS} Dirichlet draws ({exc}); lower min_partition_size, "
-            f"raise alpha or use fewer clients",
+            f"within {_DIRICHLET_DRAWS * _DIRICHLET_RESTARTS} Dirichlet draws; lower "
+            f"min_partition_size, raise alpha or use fewer clients",
         )
     if spec.scheme == "fixed-size":
         return _bad(
