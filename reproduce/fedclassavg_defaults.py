@@ -73,13 +73,16 @@ def mean_accuracy(summary: dict) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--variants", type=int, default=len(VARIANTS),
+                        help="run the first N variants only (the code's values first)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     out = args.out.resolve()
     recipe = recipe_overrides()
     rows: dict[str, dict[str, list[dict]]] = {}
     runs = {"Standalone (same recipe)": {"method": "standalone"},
-            **{label: {"method": "fedclassavg", **v} for label, v in VARIANTS.items()}}
+            **{label: {"method": "fedclassavg", **v}
+               for label, v in list(VARIANTS.items())[:args.variants]}}
     for label, overrides in runs.items():
         for data_label, settings in DEFAULTS_SETTINGS.items():
             base = {**settings(), **recipe}
@@ -95,6 +98,7 @@ def main() -> None:
     baseline = {d: stats("Standalone (same recipe)", d) for d in data_labels}
     lines = [f"Produced by `.venv/bin/python {SCRIPT}`"
              + ("" if args.seeds == [0, 1, 2] else f" --seeds {' '.join(map(str, args.seeds))}")
+             + ("" if args.variants == len(VARIANTS) else f" --variants {args.variants}")
              + f". Mean per-client local-test accuracy after the last round, ± std over "
              f"{len(args.seeds)} seed(s); Δ = against Standalone trained with the same recipe "
              f"({training_caption(None, {**recipe, 'method': 'fedclassavg'})}).", "",
