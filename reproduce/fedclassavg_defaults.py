@@ -13,6 +13,7 @@ markers of docs/fedclassavg.md.
 
     .venv/bin/pip install -e ".[reproduce]"      # scikit-learn, for the digits
     .venv/bin/python reproduce/fedclassavg_defaults.py            # 30 runs
+    .venv/bin/python reproduce/fedclassavg_defaults.py --variants 2   # code vs the default
     .venv/bin/python reproduce/fedclassavg_defaults.py --seeds 0  # one seed
 
 Finished runs are reused (results/fedclassavg-defaults/), so an interrupted run resumes.
@@ -96,9 +97,10 @@ def main() -> None:
 
     data_labels = list(DEFAULTS_SETTINGS)
     baseline = {d: stats("Standalone (same recipe)", d) for d in data_labels}
-    lines = [f"Produced by `.venv/bin/python {SCRIPT}`"
-             + ("" if args.seeds == [0, 1, 2] else f" --seeds {' '.join(map(str, args.seeds))}")
-             + ("" if args.variants == len(VARIANTS) else f" --variants {args.variants}")
+    command = (f".venv/bin/python {SCRIPT}"
+               + ("" if args.seeds == [0, 1, 2] else f" --seeds {' '.join(map(str, args.seeds))}")
+               + ("" if args.variants == len(VARIANTS) else f" --variants {args.variants}"))
+    lines = [f"Produced by `{command}`"
              + f". Mean per-client local-test accuracy after the last round, ± std over "
              f"{len(args.seeds)} seed(s); Δ = against Standalone trained with the same recipe "
              f"({training_caption(None, {**recipe, 'method': 'fedclassavg'})}).", "",

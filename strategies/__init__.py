@@ -92,8 +92,8 @@ METHODS: dict[str, Method] = {
     "lg-fedavg": Method("average only the shared head; extractors stay local",
                         LgFedAvg, LgFedAvgClient, shared_dim=True,
                         recipe={**_SGD_HALF, "weight-decay": 0.0, "batch-size": 50}),
-    "fedclassavg": Method("average the shared classifier; supervised contrastive loss on "
-                          "augmented views + CE + rho * proximal term to the global classifier",
+    "fedclassavg": Method("average the shared classifier; supervised contrastive loss (views "
+                          "by setting) + CE + rho * proximal term to the global classifier",
                           FedClassAvg, FedClassAvgClient, shared_dim=True,
                           settings=FedClassAvgSettings,
                           # Paper Table 1 (Fashion-MNIST) and the code's Adam(0.5, 0.999),

@@ -31,7 +31,8 @@ def fedapp(*args, timeout=600):
 # CNN's dropout both draw random numbers while training; three clients on two Ray actors,
 # sampled 2 of 3, finishing in any order (so the model cache both hits and misses); seeded
 # crashing clients (seed 6: some crash, never every sampled one); a checkpoint every round.
-SMOKE_SETTINGS = {"method": "fedclassavg", "arch-mix": "fedhe-cnn0,cnn4,cnn3",
+SMOKE_SETTINGS = {"method": "fedclassavg", "fedclassavg.views": "simclr",
+                  "arch-mix": "fedhe-cnn0,cnn4,cnn3",
                   "model-width": 0.25, "synthetic-train": 300, "fraction-fit": 0.6,
                   "num-server-rounds": 4, "seed": 6, "fault-crash-fraction": 0.3,
                   "checkpoint-every": 1}
