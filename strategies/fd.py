@@ -38,9 +38,9 @@ import torch
 import torch.nn.functional as F
 
 from fedapp.config import ConfigError, RunConfig, opt
-from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
+from fedapp.runtime.payload import ArraySpec, Payload
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
-from strategies.fedhe import FedHeClient
+from strategies.fedhe import FedHeClient, check_class_logits
 
 
 @dataclass(frozen=True)
@@ -134,11 +134,7 @@ class FD(FedStrategy):
         return {"logits": ArraySpec((None, self.num_classes)), "labels": self.label_spec()}
 
     def check_upload(self, payload: Payload, client: ClientInfo) -> None:
-        labels = payload["labels"]
-        if len(labels) != len(payload["logits"]) or len(labels) == 0:
-            raise PayloadError(f"{len(payload['logits'])} logit vectors for {len(labels)} labels")
-        if len(np.unique(labels)) != len(labels):
-            raise PayloadError("a class appears twice among the labels")
+        check_class_logits(payload)  # the same upload as FedHe's
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
         if self.settings.history == "round":

@@ -131,6 +131,15 @@ class LogitStore:
         return labels.astype(np.int32), (sums[labels] / counts[labels, None]).astype(np.float32)
 
 
+def check_class_logits(payload: Payload) -> None:
+    """One logit vector per class the upload names, each class once (FedHe's and FD's upload)."""
+    labels = payload["labels"]
+    if len(labels) != len(payload["logits"]) or len(labels) == 0:
+        raise PayloadError(f"{len(payload['logits'])} logit vectors for {len(labels)} labels")
+    if len(np.unique(labels)) != len(labels):
+        raise PayloadError("a class appears twice among the labels")
+
+
 class FedHe(FedStrategy):
     """Keeps the logit store; sends every client the current per-class averages."""
 
@@ -148,11 +157,7 @@ class FedHe(FedStrategy):
         return {"logits": ArraySpec((None, self.num_classes)), "labels": self.label_spec()}
 
     def check_upload(self, payload: Payload, client: ClientInfo) -> None:
-        labels = payload["labels"]
-        if len(labels) != len(payload["logits"]) or len(labels) == 0:
-            raise PayloadError(f"{len(payload['logits'])} logit vectors for {len(labels)} labels")
-        if len(np.unique(labels)) != len(labels):
-            raise PayloadError("a class appears twice among the labels")
+        check_class_logits(payload)
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
         for u in uploads:
