@@ -2,8 +2,6 @@
 the client's per-class means and loss by hand, group averaging within architectures only, the
 server store, the CVAE's decoded class means, and rejection of bad uploads."""
 
-import contextlib
-
 import numpy as np
 import pytest
 import torch
@@ -13,6 +11,7 @@ from fedapp.config import ConfigError
 from fedapp.runtime.client_base import state_arrays
 from fedapp.runtime.payload import decode, encode, wire_size
 from fedapp.runtime.results import Recorder
+from fedapp.runtime.training import one_thread
 from fedapp.seeding import isolated_rng
 from strategies import load_config
 from strategies.felo import FEATURES, LABELS, LOGITS, ClassStore, model_part
@@ -29,17 +28,6 @@ SMALL = dict(dataset="synthetic", synthetic_train=450, synthetic_test=90, num_cl
 
 def full_pass(method, **more):
     return {"local-steps": 0, **{f"{method}.{k}": v for k, v in more.items()}}
-
-
-@contextlib.contextmanager
-def one_thread():
-    """Tiny server-side models run far faster on one thread than on an oversubscribed CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def model_bytes(strategy, arch):
