@@ -17,6 +17,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedapp.config import ConfigError
 from fedapp.data import setup
 from fedapp.loops.asynchronous import AsyncLoop
+from fedapp.loops.grid_io import PromptGrid
 from fedapp.loops.relay import GossipLoop, WalkLoop
 from fedapp.runtime import checkpoint, linkstate
 from fedapp.runtime.results import Recorder
@@ -89,7 +90,7 @@ def main(grid: Grid, context: Context) -> None:
         if loop is not None:
             loop(grid, strategy, strategy.recorder).run()
             return
-        start_grid(grid=grid, server=components.server, config=components.config,
+        start_grid(grid=PromptGrid(grid), server=components.server, config=components.config,
                    strategy=strategy, client_manager=components.client_manager)
     except RoundFailed as exc:
         # Flower records only that the run failed: the results folder says why.
