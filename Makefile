@@ -1,5 +1,5 @@
 # The README's commands. Each target sets itself up first (scripts/setup.sh is idempotent).
-.PHONY: setup demo test test-all bench
+.PHONY: setup demo test test-all bench reproduce
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION = 1
 export FLWR_DISABLE_UPDATE_CHECK = 1
 export FLWR_TELEMETRY_ENABLED = 0
@@ -17,3 +17,16 @@ test: setup
 
 bench: setup
 	.venv/bin/python benchmarks/runtime_overhead.py
+
+# Every table and plot in docs/ from its reproduction script (3 seeds where the page reports
+# seeds; the diagnostic pages at their one seed). Finished runs under results/ are reused, so an
+# interrupted `make reproduce` resumes, and with every run present it only rewrites the tables.
+# From nothing it takes many hours on 2 cores, not yet timed as a whole (a script's docstring
+# gives its own share).
+REPRODUCE = defaults scoreboard fedclassavg_defaults fedgh_fmnist fedgh_regimes \
+            fedclassavg_fmnist fedclassavg_diagnosis fedclassavg_longer fedhe_async_fmnist \
+            felo_fmnist compfl_fmnist compfl_d2d_fmnist
+reproduce: setup
+	.venv/bin/pip install -q -e ".[reproduce]"
+	set -e; for script in $(REPRODUCE); do .venv/bin/python reproduce/$$script.py; done
+
