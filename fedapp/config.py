@@ -6,8 +6,8 @@ ServerApp and ClientApp as ``context.run_config``; :func:`parse_run_config` turn
 frozen :class:`RunConfig` and refuses a bad value before any training, naming the key, the value
 and what is allowed.
 
-Method-specific settings are namespaced (``fedgh.server-lr``) and validated by the method
-module itself (see ``strategies``); this module only knows the shared ones.
+Method-specific settings are namespaced (``fedgh.server-lr``) and declared and validated by each
+method's settings dataclass (``strategies.settings``); this module only knows the shared ones.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -284,6 +285,11 @@ class RunConfig:
     def to_flat(self) -> dict[str, Any]:
         """The shared settings as run-config keys, e.g. for ``config.json``."""
         return {key: getattr(self, f.name) for key, f in SHARED_KEYS.items()}
+
+
+def default_run_name(method: str, dataset: str) -> str:
+    """The run folder's name when ``run-name`` is empty: ``lg-fedavg-fmnist-20261122-141501``."""
+    return f"{method}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def key_of(field_name: str) -> str:

@@ -5,7 +5,6 @@ the Strategy, ``fedapp.runtime.strategy_base``), the asynchronous loop
 
 from __future__ import annotations
 
-import time
 from logging import INFO
 
 from flwr.app import Context
@@ -14,7 +13,7 @@ from flwr.server import ServerAppComponents, ServerConfig
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid, ServerApp
 
-from fedapp.config import ConfigError
+from fedapp.config import ConfigError, default_run_name
 from fedapp.data import setup
 from fedapp.loops.asynchronous import AsyncLoop
 from fedapp.loops.grid_io import PromptGrid
@@ -23,11 +22,6 @@ from fedapp.runtime import checkpoint, linkstate
 from fedapp.runtime.results import Recorder
 from fedapp.runtime.strategy_base import RoundFailed
 from strategies import METHODS, load_config, recipe_line, settings_report
-
-
-def default_run_name(method: str, dataset: str) -> str:
-    """``lg-fedavg-fmnist-20261122-141501``."""
-    return f"{method}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def server_fn(context: Context) -> ServerAppComponents:

@@ -1,42 +1,34 @@
 """The methods: one module each, registered here by the name the run config uses.
 
-Adding a method = its module (a ``FedClient`` and a ``FedStrategy`` subclass, and a frozen
-dataclass of its own settings if it has any), one entry in ``METHODS`` (with the method's recipe:
-how its authors train a client), the settings' defaults under
+Adding a method = its module (a ``FedClient`` and a ``FedStrategy`` subclass), a frozen dataclass
+of its own settings in ``strategies/settings.py`` if it has any, one entry in ``METHODS`` (with
+the method's recipe: how its authors train a client), the settings' defaults under
 ``[tool.flwr.app.config.<method>]`` in ``pyproject.toml`` and a preset in ``conf/``.
+
+The registry names each method's module and imports it only when its strategy or client is
+asked for: listing the methods and checking settings (``fedapp methods``, ``fedapp settings``, a
+refused setting) import no torch, so the command line answers in about a second
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from fedapp.config import (RECIPE_KEYS, SHARED_KEYS, ConfigError, RunConfig, explicit_layers,
                            parse_run_config, parse_settings, resolve_layers, settings_keys,
                            toml_value)
-from fedapp.runtime.client_base import FedClient
-from fedapp.runtime.strategy_base import FedStrategy
-from strategies.compfl import CompFL, CompFLClient, CompFLSettings
-from strategies.fd import FD, FDClient, FDSettings
-from strategies.fedavg import FedAvg, FedAvgClient
-from strategies.fedclassavg import FedClassAvg, FedClassAvgClient, FedClassAvgSettings
-from strategies.fedgen import FedGen, FedGenClient, FedGenSettings
-from strategies.fedgh import FedGH, FedGHClient, FedGHSettings
-from strategies.fedhe import FedHe, FedHeClient, FedHeSettings
-from strategies.fedl2g import FedL2G, FedL2GClient, FedL2GSettings
-from strategies.fedkd import FedKD, FedKDClient, FedKDSettings
-from strategies.fedmrl import FedMRL, FedMRLClient, FedMRLSettings
-from strategies.fedper import FedPer, FedPerClient
-from strategies.fedproto import FedProto, FedProtoClient, FedProtoSettings
-from strategies.fedre import FedRE, FedREClient, FedRESettings
-from strategies.fedrep import FedRep, FedRepClient, FedRepSettings
-from strategies.fedtgp import FedTGP, FedTGPClient, FedTGPSettings
-from strategies.felo import Felo, FeloClient, FeloSettings
-from strategies.fml import FML, FMLClient, FMLSettings
-from strategies.lg_fedavg import LgFedAvg, LgFedAvgClient
-from strategies.standalone import Standalone, StandaloneClient
-from strategies.velo import Velo, VeloClient, VeloSettings
+from strategies.settings import (CompFLSettings, FDSettings, FedClassAvgSettings, FedGenSettings,
+                                 FedGHSettings, FedHeSettings, FedKDSettings, FedL2GSettings,
+                                 FedMRLSettings, FedProtoSettings, FedRESettings, FedRepSettings,
+                                 FedTGPSettings, FeloSettings, FMLSettings, VeloSettings)
+
+if TYPE_CHECKING:
+    from fedapp.runtime.client_base import FedClient
+    from fedapp.runtime.strategy_base import FedStrategy
 
 
 @dataclass(frozen=True)
@@ -44,8 +36,9 @@ class Method:
     """A method's two halves and the constraints it puts on the federation."""
 
     summary: str
-    strategy: type[FedStrategy]
-    client: type[FedClient]
+    module: str                     # the method's module, e.g. "strategies.fedgh", and the
+    strategy_class: str             # names of its FedStrategy and FedClient subclasses there
+    client_class: str
     homogeneous_only: bool = False  # every client must run the same architecture
     shared_dim: bool = False        # d-sized vectors (head, representations, prototypes) are
                                     # exchanged, so every extractor must output the same d
@@ -58,6 +51,15 @@ class Method:
     # replace the global defaults when the run leaves them unset (docs/recipes.md says where
     # each value comes from). Empty: the global defaults are the method's recipe.
     recipe: Mapping[str, Any] = field(default_factory=dict)
+
+    # The two halves: the method's module (its maths, torch) is imported on first use.
+    @property
+    def strategy(self) -> type[FedStrategy]:
+        return getattr(importlib.import_module(self.module), self.strategy_class)
+
+    @property
+    def client(self) -> type[FedClient]:
+        return getattr(importlib.import_module(self.module), self.client_class)
 
 
 # The recipes: how each method's authors train a client (docs/recipes.md cites the paper and
@@ -83,19 +85,20 @@ _HTFLLIB = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.0, "weight-decay": 0.0
 
 METHODS: dict[str, Method] = {
     "standalone": Method("local training only; no communication (lower bound)",
-                         Standalone, StandaloneClient, asynchronous=True,
+                         "strategies.standalone", "Standalone", "StandaloneClient",
+                         asynchronous=True,
                          # Local training has no message boundary: one optimizer throughout.
                          recipe={"optimizer-state": "keep"}),
     "fedavg": Method("average the whole model (homogeneous architectures only)",
-                     FedAvg, FedAvgClient, homogeneous_only=True,
+                     "strategies.fedavg", "FedAvg", "FedAvgClient", homogeneous_only=True,
                      recipe={**_SGD_HALF, "weight-decay": 0.0, "batch-size": 50}),
     "lg-fedavg": Method("average only the shared head; extractors stay local",
-                        LgFedAvg, LgFedAvgClient, shared_dim=True,
+                        "strategies.lg_fedavg", "LgFedAvg", "LgFedAvgClient", shared_dim=True,
                         recipe={**_SGD_HALF, "weight-decay": 0.0, "batch-size": 50}),
     "fedclassavg": Method("average the shared classifier; supervised contrastive loss (views "
                           "by setting) + CE + rho * proximal term to the global classifier",
-                          FedClassAvg, FedClassAvgClient, shared_dim=True,
-                          settings=FedClassAvgSettings,
+                          "strategies.fedclassavg", "FedClassAvg", "FedClassAvgClient",
+                          shared_dim=True, settings=FedClassAvgSettings,
                           # Paper Table 1 (Fashion-MNIST) and the code's Adam(0.5, 0.999),
                           # built anew each round, no decay, no clipping, drop_last.
                           recipe={"optimizer": "adam", "lr": 0.0006, "adam-beta1": 0.5,
@@ -103,7 +106,8 @@ METHODS: dict[str, Method] = {
                                   "optimizer-state": "fresh", "batch-size": 64,
                                   "drop-last": True, "local-epochs": 1, "feature-dim": 512}),
     "fedgh": Method("server trains a global header on clients' per-class averaged "
-                    "representations", FedGH, FedGHClient, shared_dim=True,
+                    "representations",
+                    "strategies.fedgh", "FedGH", "FedGHClient", shared_dim=True,
                     settings=FedGHSettings,
                     # The heterogeneous script's SGD, new for every client and round; its
                     # 30 epochs of 512 (grid-searched in the paper) are left to presets.
@@ -111,65 +115,75 @@ METHODS: dict[str, Method] = {
                             "weight-decay": 0.001, "grad-clip": 50.0,
                             "optimizer-state": "fresh"}),
     "fedproto": Method("per-class prototypes up, count-weighted global prototypes down; "
-                       "CE + lambda * distance", FedProto, FedProtoClient, shared_dim=True,
+                       "CE + lambda * distance",
+                       "strategies.fedproto", "FedProto", "FedProtoClient", shared_dim=True,
                        settings=FedProtoSettings,
                        # The authors' batch is 4; HtFLlib's 10 is the practical one.
                        recipe={**_SGD_HALF, "weight-decay": 0.0, "batch-size": 10,
                                "drop-last": True}),
     "fedhe": Method("per-class average logits up and down; CE + alpha * logit loss "
-                    "(any architectures)", FedHe, FedHeClient, settings=FedHeSettings,
+                    "(any architectures)",
+                    "strategies.fedhe", "FedHe", "FedHeClient", settings=FedHeSettings,
                     asynchronous=True, recipe=_FEDHE),
     "fedper": Method("average the extractors within each architecture; heads stay private",
-                     FedPer, FedPerClient,
+                     "strategies.fedper", "FedPer", "FedPerClient",
                      recipe={**_SGD_HALF, "weight-decay": 0.0001, "batch-size": 10}),
     "fedrep": Method("as fedper, trained head first (extractor frozen), then extractor (head "
-                     "frozen)", FedRep, FedRepClient, settings=FedRepSettings,
+                     "frozen)",
+                     "strategies.fedrep", "FedRep", "FedRepClient", settings=FedRepSettings,
                      recipe={**_SGD_HALF, "weight-decay": 0.0001, "batch-size": 10}),
     "compfl": Method("experts ordered by size share per-architecture extractors; prototype "
                      "head adaptation, epsilon-greedy expert choice, CE + lambda * alignment + "
-                     "mu * ensemble KD", CompFL, CompFLClient, settings=CompFLSettings,
+                     "mu * ensemble KD",
+                     "strategies.compfl", "CompFL", "CompFLClient", settings=CompFLSettings,
                      decentralised=True,
                      # Paper App. B with FedPAC's learning rate (CompFL gives none).
                      recipe={**_SGD_HALF, "weight-decay": 0.0005, "batch-size": 50,
                              "local-epochs": 5}),
     "felo": Method("per-class mean features and logits up, their per-class averages down; "
                    "CE + alpha * (feature MSE + logit KL); same-architecture models averaged",
-                   Felo, FeloClient, shared_dim=True, settings=FeloSettings, recipe=_FELO),
+                   "strategies.felo", "Felo", "FeloClient", shared_dim=True,
+                   settings=FeloSettings, recipe=_FELO),
     "velo": Method("Felo whose server trains a conditional VAE on the features and sends one "
-                   "decoded feature per class", Velo, VeloClient, shared_dim=True,
+                   "decoded feature per class",
+                   "strategies.velo", "Velo", "VeloClient", shared_dim=True,
                    settings=VeloSettings, recipe=_FELO),
     "fedgen": Method("heads averaged; the server trains a feature generator on the ensemble of "
                      "the heads, and clients train their heads on its features too",
-                     FedGen, FedGenClient, shared_dim=True, settings=FedGenSettings,
-                     recipe=_HTFLLIB),
+                     "strategies.fedgen", "FedGen", "FedGenClient", shared_dim=True,
+                     settings=FedGenSettings, recipe=_HTFLLIB),
     "fedl2g": Method("learnable per-class guiding vectors (features or logits) the server updates "
                      "with the clients' meta-gradients of a held-out quiz loss; CE + MSE to them",
-                     FedL2G, FedL2GClient, settings=FedL2GSettings,
+                     "strategies.fedl2g", "FedL2G", "FedL2GClient", settings=FedL2GSettings,
                      recipe={**_HTFLLIB, "grad-clip": 100.0}),  # clientl2g_feat.py:53
     "fml": Method("a private model and a shared meme model (one architecture, averaged) "
-                  "trained by mutual learning: CE + KL to each other", FML, FMLClient,
+                  "trained by mutual learning: CE + KL to each other",
+                  "strategies.fml", "FML", "FMLClient",
                   settings=FMLSettings, recipe={**_HTFLLIB, "grad-clip": 10.0}),
     "fedmrl": Method("a shared small model beside each private one; a private projector fuses "
                      "both features, the shared head reads its first s dimensions, the private "
-                     "head all (Matryoshka); the shared model is averaged", FedMRL,
-                     FedMRLClient, settings=FedMRLSettings, recipe=_HTFLLIB),
+                     "head all (Matryoshka); the shared model is averaged",
+                     "strategies.fedmrl", "FedMRL", "FedMRLClient",
+                     settings=FedMRLSettings, recipe=_HTFLLIB),
     "fedkd": Method("a private mentor and a shared mentee (averaged) by adaptive mutual "
                     "distillation (KL + hidden MSE, scaled by the task losses); the mentee's "
-                    "updates travel as truncated SVD factors", FedKD, FedKDClient,
+                    "updates travel as truncated SVD factors",
+                    "strategies.fedkd", "FedKD", "FedKDClient",
                     settings=FedKDSettings, recipe={**_HTFLLIB, "grad-clip": 10.0}),
     "fd": Method("federated distillation: per-class average logits up, the other clients' "
                  "per-class averages down; CE + lambda * soft CE to them (any architectures)",
-                 FD, FDClient, settings=FDSettings, asynchronous=True, recipe=_HTFLLIB),
+                 "strategies.fd", "FD", "FDClient",
+                 settings=FDSettings, asynchronous=True, recipe=_HTFLLIB),
     "fedre": Method("one random convex mix of the class prototypes with its soft label up; the "
                     "server trains a global head on the mixes and sends it",
-                    FedRE, FedREClient, shared_dim=True, settings=FedRESettings,
-                    asynchronous=True,
+                    "strategies.fedre", "FedRE", "FedREClient", shared_dim=True,
+                    settings=FedRESettings, asynchronous=True,
                     # The FedRE repository's defaults (main.py: -lr 0.03, -lbs 64).
                     recipe={**_HTFLLIB, "lr": 0.03, "batch-size": 64}),
     "fedtgp": Method("FedProto whose server trains the global prototypes (a class-embedding "
                      "network) with an adaptive margin; nearest-prototype inference",
-                     FedTGP, FedTGPClient, shared_dim=True, settings=FedTGPSettings,
-                     recipe=_HTFLLIB),
+                     "strategies.fedtgp", "FedTGP", "FedTGPClient", shared_dim=True,
+                     settings=FedTGPSettings, recipe=_HTFLLIB),
 }
 
 

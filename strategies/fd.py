@@ -31,39 +31,14 @@ Choices, each a setting (docs/htfl-methods-1.md):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedapp.config import ConfigError, RunConfig, opt
 from fedapp.runtime.payload import ArraySpec, Payload
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 from strategies.fedhe import FedHeClient, check_class_logits
-
-
-@dataclass(frozen=True)
-class FDSettings:
-    """``fd.*``: the distillation term and the server's table."""
-
-    lam: float = opt(1.0, "weight lambda of the distillation term", low=0.0, key="lambda")
-    exclude_own: bool = opt(True, "send each client the average of the other clients' logits "
-                            "(the paper's F^(i)); false = include its own (HtFLlib)")
-    raw_target: bool = opt(False, "HtFLlib parity: the raw averaged logits as the soft target "
-                           "(default: their softmax, distillation at temperature 1)")
-    self_target: bool = opt(False, "HtFLlib parity: a sample whose class has no global logits "
-                            "targets its own detached logits (default: it adds nothing)")
-    history: str = opt("round", "uploads the server averages: 'round' (the last round's "
-                       "senders, HtFLlib) or 'latest-per-client' (each client's newest; needed "
-                       "by server-loop = 'async')", choices=("round", "latest-per-client"))
-
-    def check(self, cfg: RunConfig) -> None:
-        if cfg.server_loop == "async" and self.history == "round":
-            raise ConfigError(
-                "setting fd.history = 'round' is invalid with server-loop = 'async': without "
-                "rounds the server keeps each client's latest logits; set fd.history = "
-                "\"latest-per-client\".")
+from strategies.settings import FDSettings
 
 
 def distillation(logits: torch.Tensor, y: torch.Tensor, class_logits: torch.Tensor,

@@ -21,40 +21,17 @@ optimizer never updates the header: clients then re-install the same random head
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedapp.config import ConfigError, RunConfig, opt
 from fedapp.runtime.class_stats import class_means
 from fedapp.runtime.client_base import FedClient, load_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 from fedapp.runtime.training import evaluate
 from fedapp.seeding import derive_seed
-
-
-@dataclass(frozen=True)
-class FedGHSettings:
-    """``fedgh.*``: the server's header training (paper: SGD, eta_g = 0.01, one pass)."""
-
-    server_lr: float = opt(0.01, "server header learning rate eta_g", low=0.0, low_open=True)
-    server_epochs: int = opt(1, "passes over the round's LARs per round", low=1)
-    server_batch_size: int = opt(
-        0, "LARs per server step (0 = all LARs of one client per step, as they arrive)", low=0)
-    client_order: str = opt("shuffled", "order in which clients' LARs are consumed: 'shuffled' "
-                            "(seeded, like arrival order) or 'partition' (by partition id)",
-                            choices=("shuffled", "partition"))
-    server_head_training: bool = opt(
-        True, "train the global header (false = the released code's frozen random header)")
-
-    def check(self, cfg: RunConfig) -> None:
-        if cfg.feature_dim == 0:
-            raise ConfigError("method 'fedgh' needs one representation dimension for every "
-                              "client (the global header is Linear(d, C)): set feature-dim > 0 "
-                              "(the paper uses 500).")
+from strategies.settings import FedGHSettings
 
 
 class FedGHClient(FedClient):

@@ -23,32 +23,14 @@ recipe (``local-steps = 3``, ``optimizer-state = "keep"``; docs/recipes.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedapp.config import opt
 from fedapp.runtime.class_stats import ClassSums, class_target_mse
 from fedapp.runtime.client_base import FedClient
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
-
-
-@dataclass(frozen=True)
-class FedHeSettings:
-    """``fedhe.*``: the logit loss, the client's per-class averages and the server store."""
-
-    alpha: float = opt(1.0, "weight of the logit loss (paper: 1)", low=0.0)
-    logit_loss: str = opt("mse", "distance to the server's class logits: 'mse' (code) or "
-                          "'kl' (softmax with temperature)", choices=("mse", "kl"))
-    temperature: float = opt(1.0, "KL logit loss: softmax temperature", low=0.0, low_open=True)
-    plus_one: bool = opt(True, "divide logit sums by count + 1 (paper Eq. 8; false = by count)")
-    history: str = opt("all", "server store: 'all' (paper), 'running-mean' (code), "
-                       "'latest-per-client'", choices=("all", "running-mean", "latest-per-client"))
-    collapse_every: int = opt(0, "running-mean: uploads between collapses (0 = 10 x num-clients)",
-                              low=0)
 
 
 class FedHeClient(FedClient):

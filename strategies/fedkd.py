@@ -37,7 +37,6 @@ partner held constant, S trained, the hidden term counted twice).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -45,47 +44,16 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ConfigRecord
 
-from fedapp.config import ConfigError, RunConfig, opt
 from fedapp.runtime.aggregate import weighted_average
 from fedapp.runtime.client_base import load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError, validate
 from fedapp.runtime.strategy_base import ClientInfo, Upload
-from fedapp.runtime.two_models import (SharedModelSettings, SharedModelStrategy, TwoModelClient,
-                                       kl_to)
+from fedapp.runtime.two_models import SharedModelStrategy, TwoModelClient, kl_to
+from strategies.settings import FedKDSettings
 
 VERSION = "fedkd.version"   # a download's [from, to] versions of the global mentee (-1: whole)
 FACTORS = (":U", ":s", ":V")
 HELD_KEY = "fedkd.held"      # the version of the global mentee a client keeps
-
-
-@dataclass(frozen=True)
-class FedKDSettings(SharedModelSettings):
-    """``fedkd.*``: the SVD energy schedule, what is compressed, the mentee's rate."""
-
-    energy_start: float = opt(0.95, "SVD energy threshold T_start of the first round",
-                              low=0.0, high=1.0, low_open=True)
-    energy_end: float = opt(0.98, "SVD energy threshold T_end reached after the last round",
-                            low=0.0, high=1.0, low_open=True)
-    mentee_lr: float = opt(0.0, "the mentee's learning rate (0 = the recipe's lr)", low=0.0)
-    compress: str = opt(
-        "update", "what travels as SVD factors: 'update' (the mentee's update each way: the "
-        "paper) or 'weights' (the mentee's weights each way: HtFLlib)",
-        choices=("update", "weights"))
-    rank_rule: str = opt(
-        "energy", "'energy': the smallest rank holding the energy threshold, the full rank "
-        "included; 'htfllib': its search, which never tries the full rank and sends a matrix "
-        "needing it as zeros", choices=("energy", "htfllib"))
-    htfllib_loss: bool = opt(
-        False, "HtFLlib's loss: neither partner held constant, S trained, the hidden term "
-        "counted in both models' losses")
-    kl: str = opt("batchmean", "KL reduction: 'batchmean' or 'mean' (KLDivLoss's default, "
-                  "HtFLlib: also divided by C)", choices=("batchmean", "mean"))
-
-    def check(self, cfg: RunConfig) -> None:
-        super().check(cfg)
-        if self.energy_end < self.energy_start:
-            raise ConfigError(f"setting fedkd.energy-end = {self.energy_end} is invalid: the "
-                              f"threshold rises from fedkd.energy-start = {self.energy_start}")
 
 
 def energy(settings: FedKDSettings, server_round: int, num_rounds: int) -> float:

@@ -38,65 +38,23 @@ C = 10; 400 bytes for ``logit``); down V, C*m floats.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedapp.config import ConfigError, RunConfig, opt
-from fedapp.data.setup import architectures
 from fedapp.runtime.client_base import FedClient
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 from fedapp.runtime.training import TrainStats, train_recipe
 from fedapp.seeding import derive_seed
+from strategies.settings import FedL2GSettings
 
 GUIDE = "guiding-vectors"
 LABELS, GRADS = "labels", "meta-gradients"
-# FedL2G's run_me.sh: the server's step size per variant.
-SERVER_LR = {"feat": 100.0, "logit": 0.1}
 # The whole aggregated meta-gradient is clipped to this norm (the authors' code).
 SERVER_CLIP = 100.0
-
-
-@dataclass(frozen=True)
-class FedL2GSettings:
-    """``fedl2g.*``."""
-
-    variant: str = opt("feat", "what the guiding vectors guide: the features ('feat', m = d; "
-                       "one d for every client) or the logits ('logit', m = C)",
-                       choices=("feat", "logit"))
-    warmup_fraction: float = opt(
-        0.025, "first fraction of num-server-rounds (rounded down) with meta steps only, no "
-        "local training and no evaluation (HtFLlib: 50 of its 2000 rounds)", low=0.0,
-        high=1.0)
-    study_batches: int = opt(1, "study batches in the look-ahead step (mdb)", low=1)
-    quiz_batches: int = opt(1, "quiz batches (mqb); the quiz set is quiz-batches * batch-size "
-                            "training samples, held out from training", low=1)
-    server_lr: float = opt(0.0, "server step size eta_s on the guiding vectors (0 = FedL2G's "
-                           "run_me.sh: 100 for feat, 0.1 for logit; HtFLlib's main.py 0.01)",
-                           low=0.0)
-
-    def warmup_rounds(self, num_server_rounds: int) -> int:
-        """wu: the warm-up's rounds, which count toward the run's rounds."""
-        return math.floor(self.warmup_fraction * num_server_rounds)
-
-    def check(self, cfg: RunConfig) -> None:
-        if self.warmup_rounds(cfg.num_server_rounds) >= cfg.num_server_rounds:
-            raise ConfigError(
-                f"setting fedl2g.warmup-fraction = {self.warmup_fraction} is invalid with "
-                f"num-server-rounds = {cfg.num_server_rounds}: the warm-up would take every "
-                "round, so no client would ever train. Set a smaller fraction.")
-        if self.variant == "feat" and cfg.feature_dim == 0 \
-                and len(set(architectures(cfg))) > 1:
-            raise ConfigError(
-                "setting fedl2g.variant = 'feat' guides the features, so every extractor must "
-                "output the same dimension: set feature-dim > 0 or use variant 'logit'.")
-
-    def eta_s(self) -> float:
-        return self.server_lr or SERVER_LR[self.variant]
 
 
 def guided_loss(params: dict[str, torch.Tensor], model: torch.nn.Module,

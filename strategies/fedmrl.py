@@ -22,45 +22,16 @@ every round (HtFLlib #15): ``fedmrl.keep-projector = false`` reproduces that.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from fedapp.config import ConfigError, RunConfig, opt
+from fedapp.config import ConfigError
 from fedapp.runtime.client_base import load_arrays
 from fedapp.runtime.payload import Payload
 from fedapp.runtime.strategy_base import ClientInfo
-from fedapp.runtime.two_models import SharedModelSettings, SharedModelStrategy, TwoModelClient
-
-HTFL_SHARED_DIM = 128  # HtFLlib's -sfd
-
-
-@dataclass(frozen=True)
-class FedMRLSettings(SharedModelSettings):
-    """``fedmrl.*``: the shared representation's size, the projector's lifetime, evaluation."""
-
-    shared_dim: int = opt(0, "s, the shared model's representation size and the Matryoshka "
-                          "prefix its head reads (0 = HtFLlib's 128, or feature-dim when "
-                          "smaller; the authors' code uses s = d)", low=0)
-    keep_projector: bool = opt(
-        True, "keep each client's projector across rounds (false = HtFLlib, which never saves "
-        "it: it restarts from its initial weights every round)")
-    eval_shared: str = opt(
-        "local", "the shared extractor a client predicts with: 'local' (the one it trained "
-        "last: the paper, the authors' code) or 'global' (the server's: HtFLlib)",
-        choices=("local", "global"))
-
-    def shared_feature_dim(self, cfg: RunConfig) -> int:
-        return self.shared_dim or min(HTFL_SHARED_DIM, cfg.feature_dim or HTFL_SHARED_DIM)
-
-    def check(self, cfg: RunConfig) -> None:
-        super().check(cfg)
-        if cfg.feature_dim and self.shared_feature_dim(cfg) > cfg.feature_dim:
-            raise ConfigError(f"setting fedmrl.shared-dim = {self.shared_dim} is invalid: the "
-                              f"shared head reads a prefix of the d = feature-dim = "
-                              f"{cfg.feature_dim} projected representation, so s <= d")
+from fedapp.runtime.two_models import SharedModelStrategy, TwoModelClient
 
 
 class MatryoshkaPredictor(torch.nn.Module):

@@ -21,12 +21,10 @@ Both are reported.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from fedapp.config import opt
 from fedapp.runtime.class_stats import class_means, class_target_mse
 from fedapp.runtime.client_base import FedClient
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
@@ -35,16 +33,6 @@ from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 # Labels and counts in canonical ASCII decimal only: "03" or a non-ASCII digit would name the
 # same class twice under another spelling, and the length caps keep int() cheap and bounded.
 UPLOAD_NAME = re.compile(r"class-(0|[1-9][0-9]{0,8})/n-([1-9][0-9]{0,17})", re.ASCII)
-
-
-@dataclass(frozen=True)
-class FedProtoSettings:
-    """``fedproto.*``."""
-
-    lam: float = opt(1.0, "weight lambda of the prototype distance", low=0.0, key="lambda")
-    eval_rule: str = opt("head", "headline prediction: the model's own 'head' or the "
-                         "'nearest-prototype' (both are reported)",
-                         choices=("head", "nearest-prototype"))
 
 
 def _prototype_table(payload: Payload, num_classes: int, dim: int, device: torch.device

@@ -25,42 +25,21 @@ the head but never sends it: every client then trains alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedapp.config import ConfigError, RunConfig, opt
 from fedapp.runtime.class_stats import class_means
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, Upload
 from fedapp.runtime.training import one_thread
 from fedapp.seeding import derive_seed
 from strategies.fedgh import FedGH, FedGHClient
+from strategies.settings import FedRESettings
 
 # Honest weights sum to 1 up to float rounding (float16 on the wire included); a client may not
 # scale its soft label, hence its weight in the head's loss, beyond that.
 WEIGHT_SUM_TOLERANCE = 1e-2
-
-
-@dataclass(frozen=True)
-class FedRESettings:
-    """``fedre.*``: the server's head training (the code's -slr 0.01, -hbs 32, one epoch)."""
-
-    server_lr: float = opt(0.01, "server head learning rate (-slr)", low=0.0, low_open=True)
-    server_batch_size: int = opt(32, "entangled representations per server step (-hbs)", low=1)
-    send_head: bool = opt(True, "send the server's head to the clients (false = the HtFLlib "
-                          "variant of the release, which never sends it)")
-    eval_head: str = opt("global", "headline prediction: the local extractor with the server's "
-                         "'global' head, or the client's 'own' head (both are reported)",
-                         choices=("global", "own"))
-
-    def check(self, cfg: RunConfig) -> None:
-        if cfg.feature_dim == 0:
-            raise ConfigError("method 'fedre' needs one representation dimension for every "
-                              "client (the server's head is Linear(d, C)): set feature-dim > 0 "
-                              "(HtFLlib uses 512).")
 
 
 def entangle(prototypes: np.ndarray, generator: torch.Generator) -> tuple[np.ndarray,

@@ -9,21 +9,10 @@ extractor. Traffic is FedPer's: the extractor's parameters each way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from fedapp.config import opt
 from fedapp.runtime.training import TrainStats, train_recipe
 from strategies.fedper import FedPer, FedPerClient
-
-
-@dataclass(frozen=True)
-class FedRepSettings:
-    """``fedrep.*``: the head phase before the extractor phase."""
-
-    head_epochs: int = opt(10, "epochs of head training (extractor frozen) before the "
-                           "extractor epochs (FedRep paper: 10)", low=1)
 
 
 class FedRepClient(FedPerClient):

@@ -29,43 +29,17 @@ Deviations from the reference code, each a setting where it changes numbers:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedapp.config import ConfigError, RunConfig, opt
 from fedapp.runtime.class_stats import ClassMeans, class_means
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 from fedapp.runtime.training import TrainStats, one_thread
 from fedapp.seeding import derive_seed, isolated_rng
 from strategies.fedproto import FedProtoClient
-
-
-@dataclass(frozen=True)
-class FedTGPSettings:
-    """``fedtgp.*`` (HtFLlib's -lam 1, -se 100, -mart 100; the server lr and batch are the
-    clients' -lr and -lbs there)."""
-
-    lam: float = opt(1.0, "weight lambda of the prototype MSE (the scripts use 10)", low=0.0,
-                     key="lambda")
-    eval_rule: str = opt("nearest-prototype", "headline prediction: the 'nearest-prototype' "
-                         "(paper) or the model's own 'head' (both are reported)",
-                         choices=("nearest-prototype", "head"))
-    server_epochs: int = opt(100, "TGP training epochs per round (-se)", low=1)
-    server_lr: float = opt(0.01, "TGP learning rate", low=0.0, low_open=True)
-    server_batch_size: int = opt(10, "(prototype, label) pairs per TGP step", low=1)
-    margin: float = opt(100.0, "upper bound tau of the adaptive margin (-mart)", low=0.0)
-    pre_training_prototypes: bool = opt(
-        False, "code parity: upload the prototypes of the model before the round's training")
-
-    def check(self, cfg: RunConfig) -> None:
-        if cfg.feature_dim == 0:
-            raise ConfigError("method 'fedtgp' needs one prototype dimension for every client "
-                              "(the global prototypes are d-dimensional): set feature-dim > 0 "
-                              "(HtFLlib uses 512).")
+from strategies.settings import FedTGPSettings
 
 
 class TrainableGlobalPrototypes(torch.nn.Module):

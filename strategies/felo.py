@@ -42,55 +42,23 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedapp.config import ConfigError, RunConfig, opt
 from fedapp.runtime.aggregate import average_per_group
 from fedapp.runtime.class_stats import ClassSums, class_target_mse
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 from strategies.fedhe import logit_loss
+from strategies.settings import FeloSettings
 
 # The per-class tables, up and down. Every other array of a payload is a model weight, named
 # as in the model's state dict (``extractor.0.weight``, ``head.bias``), which never clash.
 FEATURES, LOGITS, LABELS = "class-features", "class-logits", "class-labels"
 TABLES = (FEATURES, LOGITS, LABELS)
-
-
-@dataclass(frozen=True)
-class FeloSettings:
-    """``felo.*``: the client loss, the local update, the server store and group averaging."""
-
-    alpha: float = opt(0.5, "weight of the feature + logit distillation terms (code: 0.5; "
-                       "the paper gives none)", low=0.0)
-    logit_loss: str = opt("kl", "distance to the server's class logits: 'kl' (paper; server "
-                          "softmax as the target) or 'mse' on raw logits (the authors' code)",
-                          choices=("kl", "mse"))
-    temperature: float = opt(1.0, "KL logit loss: softmax temperature T (loss scaled by T^2)",
-                             low=0.0, low_open=True)
-    warmup_fraction: float = opt(0.05, "first fraction of num-server-rounds trained with CE "
-                                 "only, the server sending no tables (code: 5 % of the "
-                                 "iterations)", low=0.0, high=1.0)
-    group_avg: bool = opt(True, "FedAvg within each architecture group, weighted by n_k "
-                          "(paper Sec. 3.1.2; false = the released code, which skips it)")
-    history: str = opt("fifo", "server store per class: 'fifo' (the last history-size entries "
-                       "ever received) or 'latest-round' (only those of the latest round that "
-                       "brought the class)", choices=("fifo", "latest-round"))
-    history_size: int = opt(50, "entries kept per class by the server store", low=1)
-    eval_model: str = opt("own", "model evaluated: the client's 'own' (after its last local "
-                          "training) or its architecture 'group' average (needs group-avg)",
-                          choices=("own", "group"))
-
-    def check(self, cfg: RunConfig) -> None:
-        if self.eval_model == "group" and not self.group_avg:
-            raise ConfigError(f"setting {cfg.method}.eval-model = 'group' needs "
-                              f"{cfg.method}.group-avg = true: without group averaging there "
-                              "is no group model to evaluate.")
 
 
 def model_part(payload: Payload) -> Payload:

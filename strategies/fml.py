@@ -21,31 +21,11 @@ learning off).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-from fedapp.config import opt
-from fedapp.runtime.two_models import (SharedModelSettings, SharedModelStrategy, TwoModelClient,
-                                       kl_to)
-
-
-@dataclass(frozen=True)
-class FMLSettings(SharedModelSettings):
-    """``fml.*``: the two models' loss weights and the KL's form."""
-
-    alpha: float = opt(0.5, "weight of the private model's cross-entropy; 1 - alpha weighs its "
-                       "KL to the meme model (1 = no mutual learning, HtFLlib's default)",
-                       low=0.0, high=1.0)
-    beta: float = opt(0.5, "weight of the meme model's cross-entropy; 1 - beta weighs its KL "
-                      "to the private model", low=0.0, high=1.0)
-    detach_partner: bool = opt(
-        True, "each KL holds the partner's prediction constant (deep mutual learning); false "
-        "= HtFLlib: both KL terms reach both models")
-    kl: str = opt("batchmean", "KL reduction: 'batchmean' (the textbook batch mean) or 'mean' "
-                  "(PyTorch's KLDivLoss default, HtFLlib: also divided by C)",
-                  choices=("batchmean", "mean"))
+from fedapp.runtime.two_models import SharedModelStrategy, TwoModelClient, kl_to
+from strategies.settings import FMLSettings
 
 
 def mutual_losses(o_private: torch.Tensor, o_meme: torch.Tensor, y: torch.Tensor,

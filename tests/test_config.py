@@ -1,11 +1,17 @@
-"""Run settings: defaults agree everywhere, bad values are refused with a useful message."""
+"""Run settings: defaults agree everywhere, bad values are refused with a useful message, and
+the command line lists and refuses them without importing what a run needs."""
 
 import dataclasses
+import json
+import subprocess
+import sys
 
 import pytest
 
-from fedapp.config import (CONF_DIR, SHARED_KEYS, ConfigError, RunConfig, parse_override,
-                           parse_run_config, pyproject_defaults, read_preset)
+from fedapp.config import (CONF_DIR, PROJECT_ROOT, SHARED_KEYS, ConfigError, RunConfig,
+                           parse_override, parse_run_config, pyproject_defaults, read_preset)
+from fedapp.runtime.client_base import FedClient
+from fedapp.runtime.strategy_base import FedStrategy
 from strategies import METHODS, load_config, method_keys
 
 
@@ -126,3 +132,39 @@ def test_a_preset_extends_another_and_a_loop_is_refused(tmp_path, monkeypatch):
     (tmp_path / "base.toml").write_text('extends = "child"\n')
     with pytest.raises(config.ConfigError, match="extends it again"):
         config.read_preset(tmp_path / "child.toml")
+
+
+def test_every_method_names_its_strategy_and_client_in_its_module():
+    # The registry imports them by name on first use: a misspelt name would fail only then.
+    for name, method in METHODS.items():
+        assert issubclass(method.strategy, FedStrategy), name
+        assert issubclass(method.client, FedClient), name
+        assert method.strategy.__module__ == method.client.__module__ == method.module, name
+
+
+# `fedapp methods`, `fedapp settings` and a refused setting run nothing, so they import none of
+# what a run needs: they answer in about a second (docs/benchmarks.md). Each command runs in a
+# fresh interpreter, which then prints its exit status and every module it imported.
+RUN_ONLY = ("torch", "datasets", "flwr", "ray", "matplotlib")
+PROBE = ("import json, sys\n"
+         "from fedapp.cli.main import main\n"
+         "code = main(sys.argv[1:])\n"
+         "print(json.dumps([code, sorted(sys.modules)]))")
+
+
+@pytest.mark.parametrize("argv,code", [
+    (["methods"], 0),
+    (["settings"], 0),
+    (["settings", "smoke", "--set", 'method="fml"'], 0),
+    (["run", "--set", "lr=-1"], 2),
+    (["run", "--set", 'method="nope"'], 2),
+    (["run", "--set", "fedgh.nope=1"], 2),
+])
+def test_listing_and_refusing_settings_imports_no_torch_and_no_flower(argv, code):
+    proc = subprocess.run([sys.executable, "-c", PROBE, *argv], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    status, modules = json.loads(proc.stdout.splitlines()[-1])
+    assert status == code, proc.stderr
+    imported = sorted({m.split(".")[0] for m in modules} & set(RUN_ONLY))
+    assert not imported, f"fedapp {' '.join(argv)} imports {imported}"

@@ -22,8 +22,6 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from fedapp.runtime.results import PROGRESS_TAG
-
 BIN = Path(sys.executable).parent
 SUPERLINK_START_TIMEOUT = 60.0
 # What is worth showing from Flower's stream besides our own progress lines.
@@ -154,6 +152,7 @@ def run_status(env: dict, run_id: str) -> str:
 def stream_run(cmd: Sequence[str], env: dict, log_path: Path, verbose: bool) -> str | None:
     """Run ``flwr run ... --stream``: keep its whole output in ``log_path``, print our progress
     lines (or everything with ``verbose``), and return the run id it started (None if none)."""
+    from fedapp.runtime.results import PROGRESS_TAG  # numpy: not for every fedapp command
     run_id = None
     with open(log_path, "w") as log_file, subprocess.Popen(
             list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -23,10 +23,13 @@ from typing import Any, Sequence
 
 from fedapp.cli import cluster
 from fedapp.cli.flower import BIN, LocalSuperLink, run_status, stream_run
-from fedapp.config import (PROJECT_ROOT, SHARED_KEYS, ConfigError, explicit_layers, format_explicit,
-                           parse_override, pyproject_defaults, read_preset, resolve_preset,
-                           toml_value)
-from fedapp.runtime.results import FAILURE_FILE, format_accuracy, human_bytes, plot_runs
+from fedapp.config import (PROJECT_ROOT, SHARED_KEYS, ConfigError, default_run_name,
+                           explicit_layers, format_explicit, parse_override, pyproject_defaults,
+                           read_preset, resolve_preset, toml_value)
+
+# What needs torch, Flower or numpy (strategies' methods, the data, fedapp.runtime.results) is
+# imported inside the commands that use it: `fedapp settings`, `fedapp methods` and a refused
+# setting answer in about a second without them (docs/benchmarks.md).
 
 
 def resolve_settings(preset: str | None, overrides: Sequence[str],
@@ -82,7 +85,6 @@ def resolve_run(args: argparse.Namespace, *, check_data: bool = True,
     output_dir = Path(args.output_dir or flat["output-dir"] or "results").expanduser()
     flat["output-dir"] = changed["output-dir"] = str(output_dir.resolve())
     if not flat["run-name"]:
-        from fedapp.server_app import default_run_name
         flat["run-name"] = default_run_name(flat["method"], flat["dataset"])
     if variant:  # fedgh-fmnist-...-seed1: every run of a sweep in its own folder
         flat["run-name"] += "".join(f"-{k}{v}" for k, v in variant)
@@ -107,6 +109,7 @@ def report_run(status: str, run_dir: Path, *, results_elsewhere: bool = False) -
 
     ``results_elsewhere``: the ServerApp ran on another machine (a deployed SuperLink), so a
     completed run's results may not be visible here."""
+    from fedapp.runtime.results import format_accuracy, human_bytes
     summary_path = run_dir / "summary.json"
     if status == "finished:completed" and summary_path.exists():
         summary = json.loads(summary_path.read_text())
@@ -137,6 +140,7 @@ EXIT_EMPTY_ROUNDS = 3
 
 def _failure(run_dir: Path) -> dict[str, str]:
     """Why the ServerApp stopped the run ({} if it did not say: ``failed.json``)."""
+    from fedapp.runtime.results import FAILURE_FILE
     try:
         failure = json.loads((run_dir / FAILURE_FILE).read_text())
     except (OSError, ValueError):
@@ -252,6 +256,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def compare_table(summaries: Sequence[dict], labels: Sequence[str]) -> str:
     """One markdown table row per run."""
+    from fedapp.runtime.results import format_accuracy, human_bytes
     rows = ["| run | method | dataset | clients | rounds | accuracy (mean ± std) | "
             "global accuracy | up / client / round | down / client / round | wall s |",
             "|---|---|---|---|---|---|---|---|---|---|"]
@@ -267,6 +272,7 @@ def compare_table(summaries: Sequence[dict], labels: Sequence[str]) -> str:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from fedapp.runtime.results import plot_runs
     summaries, labels = [], []
     for run_dir in args.runs:
         path = Path(run_dir) / "summary.json"

@@ -4,8 +4,8 @@ model of one architecture that every client holds and the server averages.
 FML's meme model, FedMRL's small homogeneous model and FedKD's mentee are all this shared model;
 each method's module then holds only its loss and what it uploads and downloads. Here:
 
-- :class:`SharedModelSettings`: the settings every such method has (``<method>.shared-arch``,
-  ``<method>.average``), checked when the run is configured;
+- the settings every such method has (``<method>.shared-arch``, ``<method>.average``) are
+  ``strategies.settings.SharedModelSettings``, which the run's ``cfg.settings`` derive from;
 - :func:`shared_architecture` / :func:`build_shared_model`: the shared model's architecture
   (default: the smallest of the run's arch mix by parameter count) and its initial weights,
   the same on the server and on every client (seeded by the run's seed alone);
@@ -21,16 +21,15 @@ each method's module then holds only its loss and what it uploads and downloads.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord
 
-from client_models import HeteroModel, ModelConfigError, build_model, parse_arch_mix
-from fedapp.config import ConfigError, RunConfig, opt
-from fedapp.data.local_data import DATASET_INPUTS, expected_input
+from client_models import HeteroModel, build_model, parse_arch_mix
+from fedapp.config import RunConfig
+from fedapp.data.local_data import expected_input
 from fedapp.runtime.aggregate import weighted_average
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload
@@ -40,43 +39,6 @@ from fedapp.seeding import derive_seed, isolated_rng
 
 SHARED_STATE_KEY = "fedapp.shared-model"
 MODULE_STATE_KEY = "fedapp.module.{name}"
-
-
-@dataclass(frozen=True)
-class SharedModelSettings:
-    """``<method>.shared-arch`` and ``<method>.average``: what every shared-model method has."""
-
-    shared_arch: str = opt(
-        "", "architecture of the shared model every client holds beside its own ('' = the "
-        "smallest architecture of arch-mix by parameter count; HtFLlib uses the first)")
-    average: str = opt(
-        "samples", "how the server averages the uploaded shared models: 'samples' (weighted by "
-        "training-set size, FedAvg's n_k) or 'uniform' (every uploader counts once: HtFLlib)",
-        choices=("samples", "uniform"))
-
-    def shared_feature_dim(self, cfg: RunConfig) -> int | None:
-        """The shared model's representation size (None = its architecture's own)."""
-        return cfg.feature_dim or None
-
-    def check(self, cfg: RunConfig) -> None:
-        method = cfg.method
-        if self.shared_arch:
-            try:
-                names = parse_arch_mix(self.shared_arch)
-            except ModelConfigError as exc:
-                raise ConfigError(f"setting {method}.shared-arch = {self.shared_arch!r} is "
-                                  f"invalid: {exc}") from None
-            if len(names) != 1:
-                raise ConfigError(f"setting {method}.shared-arch = {self.shared_arch!r} is "
-                                  "invalid: name one architecture")
-        # The input is known without reading the data for the built-in data sets: build the
-        # shared model now, so that one that cannot run on them is refused before training.
-        if cfg.dataset == "synthetic" or cfg.dataset in DATASET_INPUTS:
-            try:
-                shared_architecture(cfg, *expected_input(cfg))
-            except ModelConfigError as exc:
-                raise ConfigError(f"the shared model of {method!r} cannot run on "
-                                  f"{cfg.dataset}: {exc}") from None
 
 
 def _build(cfg: RunConfig, arch: str, input_shape: tuple[int, int, int], num_classes: int,
