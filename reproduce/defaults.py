@@ -4,9 +4,11 @@ Standalone: do the defaults lose in silence?
 Each method runs with nothing set but the data and the federation (common.DEFAULTS_SETTINGS:
 Fashion-MNIST, and scikit-learn's handwritten digits, on which nothing was tuned), so it trains
 with its recipe (docs/recipes.md) and its own defaults — what ``--set method=...`` gives a
-user. Standalone (local training with the global defaults) sits beside every method; FedAvg,
-which needs one architecture, runs on the smallest CNN, with a Standalone of that CNN beside it.
-Three seeds, each method's seeds on one SuperLink. Writes docs/defaults.md.
+user. Standalone (local training: the global defaults, one optimizer for the whole run) sits
+beside every method; FedAvg, which needs one architecture, runs on the smallest CNN, with a
+Standalone of that CNN beside it. Three seeds, each method's seeds on one SuperLink. Writes
+docs/defaults.md, and the evidence tables of the pages of the methods taken from HtFLlib
+(``PAGES``: their rows beside Standalone, LG-FedAvg, FedProto and FedAvg).
 
     .venv/bin/pip install -e ".[reproduce]"      # scikit-learn, for the digits
     .venv/bin/python reproduce/defaults.py                      # every method, 3 seeds
@@ -44,6 +46,13 @@ def accuracy(summary: dict) -> float:
     return float(np.mean(per_client_accuracies(summary)))
 
 
+# The pages of the methods added from HtFLlib, each with its methods' rows beside the baselines
+# every one of them is compared with (FedAvg: the shared model alone, for the shared-model pages).
+BASELINES = ["standalone", "lg-fedavg", "fedproto", "fedavg"]
+PAGES = {"docs/htfl-methods-1.md": ["fd", "fedre", "fedtgp"], "docs/fedgen.md": ["fedgen"],
+         "docs/fedl2g.md": ["fedl2g"], "docs/shared-model-methods.md": ["fml", "fedmrl", "fedkd"]}
+
+
 def main() -> None:
     from strategies import METHODS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -59,15 +68,10 @@ def main() -> None:
         return run_seeds(None, {**DEFAULTS_SETTINGS[data](), "method": method, **extra},
                          name, seeds, out)
 
-    lines = [f"Produced by `.venv/bin/python {SCRIPT}`"
-             + ("" if seeds == [0, 1, 2] else f" --seeds {' '.join(map(str, seeds))}")
-             + ". Mean per-client local-test accuracy after the last round, ± std over "
-             f"{len(seeds)} seed(s); Δ = against Standalone on the same data and architectures "
-             "(local training with the global defaults). Every method trains with its own "
-             "recipe, shown in the last column.", ""]
     data_sets = list(DEFAULTS_SETTINGS)
-    lines += ["| method | " + " | ".join(f"{d} | Δ {d}" for d in data_sets)
-              + " | recipe |", "|---|" + "---|---|" * len(data_sets) + "---|"]
+    header = ["| method | " + " | ".join(f"{d} | Δ {d}" for d in data_sets) + " | recipe |",
+              "|---|" + "---|---|" * len(data_sets) + "---|"]
+    rows: dict[str, str] = {}
     losers = []
     for method in ["standalone", *args.methods]:
         extra = ONE_ARCH if METHODS[method].homogeneous_only else {}
@@ -83,17 +87,46 @@ def main() -> None:
                 losers.append(f"{method} on {d}")
         label = method + (f" ({ONE_ARCH['arch-mix']} only; Standalone of it: see below)"
                           if extra else "")
-        lines.append(f"| {label} | " + " | ".join(cells) + " | "
-                     + training_caption(None, {"method": method}) + " |")
+        rows[method] = (f"| {label} | " + " | ".join(cells) + " | "
+                        + training_caption(None, {"method": method}) + " |")
     if any(METHODS[m].homogeneous_only for m in args.methods):
         cells = [cell(accuracy(s) for s in runs(d, "standalone", ONE_ARCH)) + " | —"
                  for d in data_sets]
-        lines.append(f"| standalone ({ONE_ARCH['arch-mix']} only) | " + " | ".join(cells)
-                     + " | " + training_caption(None, {"method": "standalone"}) + " |")
-    lines += ["", "Below Standalone by more than the seed spread: "
-              + (", ".join(losers) if losers else "none") + "."]
+        rows["standalone-one-arch"] = (
+            f"| standalone ({ONE_ARCH['arch-mix']} only) | " + " | ".join(cells) + " | "
+            + training_caption(None, {"method": "standalone"}) + " |")
+
+    # Local training with the same steps as the eight methods taken from HtFLlib (their shared
+    # recipe: batch 10, six times the global default's steps per round), so that what they add
+    # to local training can be told from what their recipe adds.
+    htfllib = dict(METHODS["fd"].recipe)
+    cells = [cell(accuracy(s) for s in run_seeds(
+        None, {**DEFAULTS_SETTINGS[d](), "method": "standalone", **htfllib},
+        f"{slug(d)}-standalone-htfllib-recipe", seeds, out)) + " | —" for d in data_sets]
+    rows["standalone-htfllib"] = (
+        "| standalone (HtFLlib's recipe, as FD's) | " + " | ".join(cells) + " | "
+        + training_caption(None, {"method": "standalone", **htfllib}) + " |")
+
+    def caption(command: str) -> str:
+        return (f"Produced by `.venv/bin/python {command}`"
+                + ("" if seeds == [0, 1, 2] else f" --seeds {' '.join(map(str, seeds))}")
+                + ". Mean per-client local-test accuracy after the last round, ± std over "
+                f"{len(seeds)} seed(s); Δ = against Standalone on the same data and "
+                "architectures (local training with its own recipe). Every method trains with "
+                "its own recipe, shown in the last column.")
+
+    lines = [caption(SCRIPT), "", *header, *rows.values(), "",
+             "Below Standalone by more than the seed spread: "
+             + (", ".join(losers) if losers else "none") + "."]
     write_generated(DOC, SCRIPT, "\n".join(lines))
     print(f"[reproduce] wrote {DOC}")
+    for page, methods in PAGES.items():
+        wanted = BASELINES + methods + ["standalone-one-arch", "standalone-htfllib"]
+        if all(m in rows for m in wanted):
+            write_generated(ROOT / page, SCRIPT, "\n".join(
+                [caption(SCRIPT) + " The whole table: [defaults.md](defaults.md).", "",
+                 *header, *(rows[m] for m in wanted)]))
+            print(f"[reproduce] wrote {page}")
 
 
 if __name__ == "__main__":
