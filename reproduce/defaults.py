@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (DEFAULTS_SETTINGS, ROOT, cell, mean_std, per_client_accuracies,  # noqa: E402
                     run_seeds, training_caption, write_generated)
 
+from fedapp.config import toml_value  # noqa: E402
+
 SCRIPT = "reproduce/defaults.py"
 OUT = ROOT / "results" / "defaults"
 DOC = ROOT / "docs" / "defaults.md"
@@ -49,6 +51,9 @@ def accuracy(summary: dict) -> float:
 # The pages of the methods added from HtFLlib, each with its methods' rows beside the baselines
 # every one of them is compared with (FedAvg: the shared model alone, for the shared-model pages).
 BASELINES = ["standalone", "lg-fedavg", "fedproto", "fedavg"]
+# A setting tried where a method's defaults lose to local training here, to say which helps
+# (docs/defaults.md explains each): method -> its changed settings.
+TRIED = {"fedre": {"fedre.server-batch-size": 1}}
 PAGES = {"docs/htfl-methods-1.md": ["fd", "fedre", "fedtgp"], "docs/fedgen.md": ["fedgen"],
          "docs/fedl2g.md": ["fedl2g"], "docs/shared-model-methods.md": ["fml", "fedmrl", "fedkd"]}
 
@@ -63,49 +68,53 @@ def main() -> None:
     args = parser.parse_args()
     out, seeds = args.out.resolve(), args.seeds
 
-    def runs(data: str, method: str, extra: dict) -> list[dict]:
-        name = f"{slug(data)}-{method}" + ("-one-arch" if extra else "")
-        return run_seeds(None, {**DEFAULTS_SETTINGS[data](), "method": method, **extra},
-                         name, seeds, out)
-
     data_sets = list(DEFAULTS_SETTINGS)
     header = ["| method | " + " | ".join(f"{d} | Δ {d}" for d in data_sets) + " | recipe |",
               "|---|" + "---|---|" * len(data_sets) + "---|"]
     rows: dict[str, str] = {}
-    losers = []
-    for method in ["standalone", *args.methods]:
-        extra = ONE_ARCH if METHODS[method].homogeneous_only else {}
+    losers: list[str] = []
+
+    def row(key: str, label: str, method: str, changed: dict, name: str,
+            base: dict | None = None) -> None:
+        """Three seeds of ``method`` with ``changed`` on each data set, beside Standalone
+        with ``base`` (None: this is a baseline row, no Δ)."""
         cells = []
         for d in data_sets:
-            mine = runs(d, method, extra)
-            base = runs(d, "standalone", extra)
-            mean, std = mean_std(accuracy(s) for s in mine)
-            base_mean, base_std = mean_std(accuracy(s) for s in base)
-            cells.append(f"{cell(accuracy(s) for s in mine)} | "
-                         + ("—" if method == "standalone" else f"{mean - base_mean:+.3f}"))
-            if method != "standalone" and mean < base_mean - max(std, base_std):
-                losers.append(f"{method} on {d}")
-        label = method + (f" ({ONE_ARCH['arch-mix']} only; Standalone of it: see below)"
-                          if extra else "")
-        rows[method] = (f"| {label} | " + " | ".join(cells) + " | "
-                        + training_caption(None, {"method": method}) + " |")
-    if any(METHODS[m].homogeneous_only for m in args.methods):
-        cells = [cell(accuracy(s) for s in runs(d, "standalone", ONE_ARCH)) + " | —"
-                 for d in data_sets]
-        rows["standalone-one-arch"] = (
-            f"| standalone ({ONE_ARCH['arch-mix']} only) | " + " | ".join(cells) + " | "
-            + training_caption(None, {"method": "standalone"}) + " |")
+            mine = [accuracy(s) for s in run_seeds(
+                None, {**DEFAULTS_SETTINGS[d](), "method": method, **changed},
+                f"{slug(d)}-{name}", seeds, out)]
+            text = cell(mine) + " | "
+            if base is None:
+                cells.append(text + "—")
+                continue
+            standalone = [accuracy(s) for s in run_seeds(
+                None, {**DEFAULTS_SETTINGS[d](), "method": "standalone", **base},
+                f"{slug(d)}-standalone" + ("-one-arch" if base else ""), seeds, out)]
+            (mean, std), (base_mean, base_std) = mean_std(mine), mean_std(standalone)
+            cells.append(text + f"{mean - base_mean:+.3f}")
+            if mean < base_mean - max(std, base_std):
+                losers.append(f"{label} on {d}")
+        rows[key] = (f"| {label} | " + " | ".join(cells) + " | "
+                     + training_caption(None, {"method": method, **changed}) + " |")
 
+    row("standalone", "standalone", "standalone", {}, "standalone")
+    for method in args.methods:
+        one_arch = METHODS[method].homogeneous_only
+        extra = ONE_ARCH if one_arch else {}
+        row(method, method + (f" ({ONE_ARCH['arch-mix']} only)" if one_arch else ""), method,
+            extra, method + ("-one-arch" if one_arch else ""), base=extra)
+        if one_arch:
+            row("standalone-one-arch", f"standalone ({ONE_ARCH['arch-mix']} only)",
+                "standalone", ONE_ARCH, "standalone-one-arch")
+        if method in TRIED:
+            what = ", ".join(f"{k} = {toml_value(v)}" for k, v in TRIED[method].items())
+            row(f"{method}-tried", f"{method} with {what}", method, TRIED[method],
+                f"{method}-{slug(what)}", base={})
     # Local training with the same steps as the eight methods taken from HtFLlib (their shared
     # recipe: batch 10, six times the global default's steps per round), so that what they add
-    # to local training can be told from what their recipe adds.
-    htfllib = dict(METHODS["fd"].recipe)
-    cells = [cell(accuracy(s) for s in run_seeds(
-        None, {**DEFAULTS_SETTINGS[d](), "method": "standalone", **htfllib},
-        f"{slug(d)}-standalone-htfllib-recipe", seeds, out)) + " | —" for d in data_sets]
-    rows["standalone-htfllib"] = (
-        "| standalone (HtFLlib's recipe, as FD's) | " + " | ".join(cells) + " | "
-        + training_caption(None, {"method": "standalone", **htfllib}) + " |")
+    # to local training can be told from what their recipe alone adds.
+    row("standalone-htfllib", "standalone with HtFLlib's recipe (FD's)", "standalone",
+        dict(METHODS["fd"].recipe), "standalone-htfllib-recipe", base={})
 
     def caption(command: str) -> str:
         return (f"Produced by `.venv/bin/python {command}`"
@@ -121,7 +130,8 @@ def main() -> None:
     write_generated(DOC, SCRIPT, "\n".join(lines))
     print(f"[reproduce] wrote {DOC}")
     for page, methods in PAGES.items():
-        wanted = BASELINES + methods + ["standalone-one-arch", "standalone-htfllib"]
+        wanted = (BASELINES + methods + [f"{m}-tried" for m in methods if m in TRIED]
+                  + ["standalone-one-arch", "standalone-htfllib"])
         if all(m in rows for m in wanted):
             write_generated(ROOT / page, SCRIPT, "\n".join(
                 [caption(SCRIPT) + " The whole table: [defaults.md](defaults.md).", "",
