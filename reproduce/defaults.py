@@ -116,9 +116,13 @@ def main() -> None:
     row("standalone-htfllib", "standalone with HtFLlib's recipe (FD's)", "standalone",
         dict(METHODS["fd"].recipe), "standalone-htfllib-recipe", base={})
 
+    every = [m for m in METHODS if m != "standalone"]
+
     def caption(command: str) -> str:
-        return (f"Produced by `.venv/bin/python {command}`"
+        return (f"Produced by `.venv/bin/python {command}"
+                + ("" if args.methods == every else f" --methods {' '.join(args.methods)}")
                 + ("" if seeds == [0, 1, 2] else f" --seeds {' '.join(map(str, seeds))}")
+                + "`"
                 + ". Mean per-client local-test accuracy after the last round, ± std over "
                 f"{len(seeds)} seed(s); Δ = against Standalone on the same data and "
                 "architectures (local training with its own recipe). Every method trains with "
