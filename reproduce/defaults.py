@@ -51,9 +51,9 @@ def accuracy(summary: dict) -> float:
 # The pages of the methods added from HtFLlib, each with its methods' rows beside the baselines
 # every one of them is compared with (FedAvg: the shared model alone, for the shared-model pages).
 BASELINES = ["standalone", "lg-fedavg", "fedproto", "fedavg"]
-# A setting tried where a method's defaults lose to local training here, to say which helps
-# (docs/defaults.md explains each): method -> its changed settings.
-TRIED = {"fedre": {"fedre.server-batch-size": 1}}
+# Settings tried where a method's defaults lose to local training here, to tell the cause
+# (docs/defaults.md explains each): method -> the changed settings of each try.
+TRIED = {"fedre": [{"fedre.server-batch-size": 1}, {"batch-size": 10}]}
 PAGES = {"docs/htfl-methods-1.md": ["fd", "fedre", "fedtgp"], "docs/fedgen.md": ["fedgen"],
          "docs/fedl2g.md": ["fedl2g"], "docs/shared-model-methods.md": ["fml", "fedmrl", "fedkd"]}
 
@@ -106,9 +106,9 @@ def main() -> None:
         if one_arch:
             row("standalone-one-arch", f"standalone ({ONE_ARCH['arch-mix']} only)",
                 "standalone", ONE_ARCH, "standalone-one-arch")
-        if method in TRIED:
-            what = ", ".join(f"{k} = {toml_value(v)}" for k, v in TRIED[method].items())
-            row(f"{method}-tried", f"{method} with {what}", method, TRIED[method],
+        for i, changed in enumerate(TRIED.get(method, [])):
+            what = ", ".join(f"{k} = {toml_value(v)}" for k, v in changed.items())
+            row(f"{method}-tried-{i}", f"{method} with {what}", method, changed,
                 f"{method}-{slug(what)}", base={})
     # Local training with the same steps as the eight methods taken from HtFLlib (their shared
     # recipe: batch 10, six times the global default's steps per round), so that what they add
@@ -134,7 +134,8 @@ def main() -> None:
     write_generated(DOC, SCRIPT, "\n".join(lines))
     print(f"[reproduce] wrote {DOC}")
     for page, methods in PAGES.items():
-        wanted = (BASELINES + methods + [f"{m}-tried" for m in methods if m in TRIED]
+        wanted = (BASELINES + methods
+                  + [f"{m}-tried-{i}" for m in methods for i in range(len(TRIED.get(m, [])))]
                   + ["standalone-one-arch", "standalone-htfllib"])
         if all(m in rows for m in wanted):
             write_generated(ROOT / page, SCRIPT, "\n".join(
