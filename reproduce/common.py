@@ -159,6 +159,11 @@ def per_client_accuracies(summary: Mapping[str, Any]) -> list[float]:
     return [float(v) for v in summary["accuracy"]["per_client"].values()]
 
 
+def mean_client_accuracy(summary: Mapping[str, Any]) -> float:
+    """The mean of the last round's per-client local test accuracies (a table cell's unit)."""
+    return float(np.mean(per_client_accuracies(summary)))
+
+
 def plot_curves(groups: Mapping[str, Sequence[Mapping[str, Any]]], path: Path,
                 title: str) -> None:
     """Mean accuracy per round (averaged over the seeds of each group) ± seed std."""

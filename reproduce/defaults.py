@@ -24,10 +24,8 @@ import re
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (DEFAULTS_SETTINGS, ROOT, cell, mean_std, per_client_accuracies,  # noqa: E402
+from common import (DEFAULTS_SETTINGS, ROOT, cell, mean_std, mean_client_accuracy,  # noqa: E402
                     run_seeds, training_caption, write_generated)
 
 from fedapp.config import toml_value  # noqa: E402
@@ -42,10 +40,6 @@ ONE_ARCH = {"arch-mix": "cnn5"}
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
-def accuracy(summary: dict) -> float:
-    return float(np.mean(per_client_accuracies(summary)))
 
 
 # The pages of the methods added from HtFLlib, each with its methods' rows beside the baselines
@@ -80,14 +74,14 @@ def main() -> None:
         with ``base`` (None: this is a baseline row, no Δ)."""
         cells = []
         for d in data_sets:
-            mine = [accuracy(s) for s in run_seeds(
+            mine = [mean_client_accuracy(s) for s in run_seeds(
                 None, {**DEFAULTS_SETTINGS[d](), "method": method, **changed},
                 f"{slug(d)}-{name}", seeds, out)]
             text = cell(mine) + " | "
             if base is None:
                 cells.append(text + "—")
                 continue
-            standalone = [accuracy(s) for s in run_seeds(
+            standalone = [mean_client_accuracy(s) for s in run_seeds(
                 None, {**DEFAULTS_SETTINGS[d](), "method": "standalone", **base},
                 f"{slug(d)}-standalone" + ("-one-arch" if base else ""), seeds, out)]
             (mean, std), (base_mean, base_std) = mean_std(mine), mean_std(standalone)

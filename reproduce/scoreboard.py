@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, mean_std, per_client_accuracies, run_seeds, write_generated  # noqa: E402
+from common import ROOT, mean_std, mean_client_accuracy, run_seeds, write_generated  # noqa: E402
 
 SCRIPT = "reproduce/scoreboard.py"
 OUT = ROOT / "results" / "scoreboard"
@@ -99,10 +99,6 @@ def runs(setting: str, method: str, loop: str, one_arch: bool, seeds: list[int],
     return run_seeds(None, overrides(setting, method, loop, one_arch), name, seeds, out)
 
 
-def accuracy(summary: dict) -> float:
-    return float(np.mean(per_client_accuracies(summary)))
-
-
 def traffic(summary: dict) -> float:
     c = summary["communication"]
     return c["per_client_per_round_up"] + c["per_client_per_round_down"]
@@ -157,10 +153,10 @@ def main() -> None:
             if not mine:
                 texts.append("not run" if not (loop != "rounds" and s in ROUNDS_ONLY) else "—")
                 continue
-            mean, std = mean_std(accuracy(x) for x in mine)
+            mean, std = mean_std(mean_client_accuracy(x) for x in mine)
             text = f"{mean:.3f} ± {std:.3f}"
             if base.get(s) and method != "standalone":
-                diff = mean - mean_std(accuracy(x) for x in base[s])[0]
+                diff = mean - mean_std(mean_client_accuracy(x) for x in base[s])[0]
                 text += f" ({diff:+.3f})"
                 bars.setdefault(SETTINGS[s][0], {})[
                     method + ("" if loop == "rounds" else f" ({loop})")] = diff
