@@ -323,3 +323,32 @@ def test_assign_errors():
         assign_architectures([], 4)
     with pytest.raises(ModelConfigError, match="num_clients"):
         assign_architectures(MIX, 0)
+
+
+# HtFLlib's HCNNs8 models as its BaseHeadSplit builds them (base with fc replaced by an
+# identity pooling, head Linear(512, 10)), parameters counted with HtFLlib's own code
+# (TsingZ0/HtFLlib, system/flcore/trainmodel/models.py `CNN`, commit e959261) on 1x28x28.
+HTFLLIB_HCNNS8_PARAMETERS = {
+    "htfllib-cnn-c1": 2_365_770,
+    "htfllib-cnn-c2": 582_026,
+    "htfllib-cnn-c1-512": 2_628_426,
+    "htfllib-cnn-c2-512": 844_682,
+    "htfllib-cnn-c1-1024": 5_250_378,
+    "htfllib-cnn-c2-1024": 1_631_626,
+    "htfllib-cnn-c1-1024-512": 5_513_034,
+    "htfllib-cnn-c2-1024-512": 1_894_282,
+}
+
+
+def test_htfllib_cnns_have_the_peers_parameter_counts_and_layers():
+    from client_models.htfllib_cnns import HTFLLIB_CNNS
+    assert list(HTFLLIB_CNNS) == list(HTFLLIB_HCNNS8_PARAMETERS)  # HCNNs8's order
+    for arch, count in HTFLLIB_HCNNS8_PARAMETERS.items():
+        model = build_model(arch, (1, 28, 28), NUM_CLASSES)
+        assert _num_params(model) == count, arch
+        assert model.feature_dim == 512 and model.head.in_features == 512
+        # Extractor + head split as HtFLlib's: the head is only the last Linear(512, C).
+        assert _num_params(model.head) == 512 * NUM_CLASSES + NUM_CLASSES
+    # feature-dim sets the last Linear's size, as HtFLlib's feature_dim does.
+    assert build_model("htfllib-cnn-c2", (1, 28, 28), NUM_CLASSES, feature_dim=64).head \
+        .in_features == 64
