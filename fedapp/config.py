@@ -115,6 +115,10 @@ class RunConfig:
     drop_last: bool = _opt(False, "leave out the short last mini-batch of each pass (as "
                            "FedClassAvg's and FedProto's code do; a pass shorter than one "
                            "batch still trains on it)")
+    batch_order: str = _opt(
+        "shuffled", "order of the local data in each pass: 'shuffled' anew every pass, or "
+        "'fixed' = the data's own order every pass (HtFLlib's and PFLlib's unshuffled loaders)",
+        choices=("shuffled", "fixed"))
     optimizer_state: str = _opt(
         "fresh", "lifetime of a client's optimizer state (momentum buffers, Adam's moments): "
         "'fresh' = a new optimizer for every message, 'keep' = one optimizer for the "

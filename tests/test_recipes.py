@@ -232,6 +232,32 @@ def test_drop_last_leaves_out_the_short_batch_of_a_pass():
                                      drop_last=True)] == [3]  # a pass shorter than a batch
 
 
+def test_a_fixed_batch_order_repeats_the_data_order_every_pass():
+    # HtFLlib's and PFLlib's training loaders do not shuffle: batch-order = "fixed" takes the
+    # data in its own order every pass, whatever the generator; "shuffled" draws a new order.
+    from fedapp.runtime.training import _batches
+    fixed = [b.tolist() for b in _batches(10, 4, 2, 0, torch.Generator().manual_seed(0),
+                                          torch.device("cpu"), drop_last=True, shuffle=False)]
+    assert fixed == [[0, 1, 2, 3], [4, 5, 6, 7]] * 2
+    shuffled = [b.tolist() for b in _batches(10, 4, 2, 0, torch.Generator().manual_seed(0),
+                                             torch.device("cpu"), drop_last=True)]
+    assert shuffled[:2] != fixed[:2] and shuffled[:2] != shuffled[2:]
+    # And the setting reaches a client's training: with it, batch generators of other seeds
+    # train the same model on the same data to the same weights.
+    from fedapp.runtime.training import train_recipe
+    client = InProcessFederation("standalone", **{"batch-order": "fixed"}).client(0)
+    weights = []
+    for seed in (0, 1):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(client.data.train_x[0].numel(), 10)
+        train_recipe(model, client.data.train_x, client.data.train_y,
+                     loss_fn=lambda x, y: F.cross_entropy(model(x.flatten(1)), y),
+                     optimizer=torch.optim.SGD(model.parameters(), lr=0.1), cfg=client.cfg,
+                     generator=torch.Generator().manual_seed(seed))
+        weights.append(model.weight.detach().clone())
+    assert torch.equal(weights[0], weights[1])
+
+
 def test_a_preset_that_sets_the_training_pins_its_whole_recipe():
     # So that every method compared on it (Standalone included) trains alike: --set method=...
     # on such a preset changes the method, not the training. (demo and smoke leave the

@@ -69,13 +69,15 @@ class TrainStats:
 
 
 def _batches(n: int, batch_size: int, epochs: int, steps: int, generator: torch.Generator,
-             device: torch.device, drop_last: bool = False):
+             device: torch.device, drop_last: bool = False, shuffle: bool = True):
     """Index batches: ``epochs`` shuffled passes (without their short last batch when
     ``drop_last``), or exactly ``steps`` batches when > 0 (reshuffling at each pass end, so
-    every batch is full-sized unless n < batch_size)."""
+    every batch is full-sized unless n < batch_size). ``shuffle=False``: every pass in the
+    data's own order (an unshuffled DataLoader's batches)."""
     done = 0
     while True:
-        order = torch.randperm(n, generator=generator).to(device)
+        order = (torch.randperm(n, generator=generator) if shuffle
+                 else torch.arange(n)).to(device)
         for start in range(0, n, batch_size):
             if steps and done == steps:
                 return
@@ -92,14 +94,16 @@ def train_epochs(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                  optimizer: torch.optim.Optimizer, epochs: int, batch_size: int,
                  generator: torch.Generator, grad_clip: float = 0.0, steps: int = 0,
-                 drop_last: bool = False) -> TrainStats:
+                 drop_last: bool = False, shuffle: bool = True) -> TrainStats:
     """``epochs`` passes over ``(x, y)`` in shuffled mini-batches (the last one may be short),
-    or, with ``steps`` > 0, exactly that many random mini-batches (FedHe's client update)."""
+    or, with ``steps`` > 0, exactly that many random mini-batches (FedHe's client update);
+    ``shuffle=False`` keeps the data's order in every pass."""
     model.train()
     n = len(y)
     total, steps_done, samples = torch.zeros((), device=x.device), 0, 0
     if n:
-        for idx in _batches(n, batch_size, epochs, steps, generator, x.device, drop_last):
+        for idx in _batches(n, batch_size, epochs, steps, generator, x.device, drop_last,
+                            shuffle):
             loss = loss_fn(x[idx], y[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -119,14 +123,15 @@ def train_recipe(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
                  epochs: int | None = None, steps: int | None = None) -> TrainStats:
     """:func:`train_epochs` as the run's recipe says: ``local-epochs`` passes or
     ``local-steps`` mini-batches (unless ``epochs``/``steps`` are given: a method's own phase),
-    ``batch-size``, ``grad-clip`` and ``drop-last``."""
+    ``batch-size``, ``grad-clip``, ``drop-last`` and ``batch-order``."""
     if epochs is not None and steps is None:
         steps = 0  # a phase of whole passes
     return train_epochs(model, x, y, loss_fn=loss_fn, optimizer=optimizer,
                         epochs=cfg.local_epochs if epochs is None else epochs,
                         steps=cfg.local_steps if steps is None else steps,
                         batch_size=cfg.batch_size, grad_clip=cfg.grad_clip,
-                        generator=generator, drop_last=cfg.drop_last)
+                        generator=generator, drop_last=cfg.drop_last,
+                        shuffle=cfg.batch_order == "shuffled")
 
 
 @torch.no_grad()

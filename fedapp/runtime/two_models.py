@@ -168,7 +168,7 @@ class TwoModelClient(FedClient):
                             loss_fn=self.loss, optimizer=steps, epochs=c.local_epochs,
                             steps=self.local_steps(), batch_size=c.batch_size,
                             generator=self.batch_generator(server_round), grad_clip=0.0,
-                            drop_last=c.drop_last)
+                            drop_last=c.drop_last, shuffle=c.batch_order == "shuffled")
 
     def save_state(self, server_round: int) -> None:
         """The shared model and the kept private modules, then the private model (base; last,
