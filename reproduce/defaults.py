@@ -14,7 +14,10 @@ docs/defaults.md, and the evidence tables of the pages of the methods taken from
     .venv/bin/python reproduce/defaults.py                      # every method, 3 seeds
     .venv/bin/python reproduce/defaults.py --methods fedgh fedhe --seeds 0
 
-Finished runs are reused (results/defaults/), so an interrupted run resumes.
+Finished runs are reused (results/defaults/), so an interrupted run resumes. With
+``--methods``, the table's other rows are kept as the page has them (written by an earlier
+invocation of this script), so one method can be added or re-run without re-running the rest;
+the caption names the methods whose rows were taken from the page.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (DEFAULTS_SETTINGS, ROOT, cell, mean_std, mean_client_accuracy,  # noqa: E402
-                    run_seeds, training_caption, write_generated)
+                    read_generated, run_seeds, training_caption, write_generated)
 
 from fedapp.config import toml_value  # noqa: E402
 
@@ -40,6 +43,19 @@ ONE_ARCH = {"arch-mix": "cnn5"}
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+LOSERS = "Below Standalone by more than the seed spread: "
+
+
+def previous_table(doc: Path) -> tuple[dict[str, str], list[str]]:
+    """The rows (label -> row) and the "below Standalone" entries of the table ``doc`` has."""
+    text = read_generated(doc, SCRIPT)
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith("| method |")}
+    losers = [line[len(LOSERS):].rstrip(".").split(", ") for line in text.splitlines()
+              if line.startswith(LOSERS) and not line.endswith("none.")]
+    return rows, losers[0] if losers else []
 
 
 # The pages of the methods added from HtFLlib, each with its methods' rows beside the baselines
@@ -62,16 +78,28 @@ def main() -> None:
     args = parser.parse_args()
     out, seeds = args.out.resolve(), args.seeds
 
+    every = [m for m in METHODS if m != "standalone"]
     data_sets = list(DEFAULTS_SETTINGS)
     header = ["| method | " + " | ".join(f"{d} | Δ {d}" for d in data_sets) + " | recipe |",
               "|---|" + "---|---|" * len(data_sets) + "---|"]
     rows: dict[str, str] = {}
     losers: list[str] = []
+    old_rows, old_losers = previous_table(DOC)
+    fresh: set[str] = set()  # the keys of the rows computed by this invocation
 
     def row(key: str, label: str, method: str, changed: dict, name: str,
-            base: dict | None = None) -> None:
+            base: dict | None = None, owners: tuple[str, ...] = ()) -> None:
         """Three seeds of ``method`` with ``changed`` on each data set, beside Standalone
-        with ``base`` (None: this is a baseline row, no Δ)."""
+        with ``base`` (None: this is a baseline row, no Δ). The row belongs to ``owners``
+        (default: ``method``; none: always run); when none of them is asked for, the page's
+        row is kept."""
+        owners = owners or ((method,) if method != "standalone" else ())
+        if owners and not set(owners) & set(args.methods):
+            if label in old_rows:
+                rows[key] = old_rows[label]
+                losers.extend(e for e in old_losers if e.rsplit(" on ", 1)[0] == label)
+            return
+        fresh.add(key)
         cells = []
         for d in data_sets:
             mine = [mean_client_accuracy(s) for s in run_seeds(
@@ -92,14 +120,14 @@ def main() -> None:
                      + training_caption(None, {"method": method, **changed}) + " |")
 
     row("standalone", "standalone", "standalone", {}, "standalone")
-    for method in args.methods:
+    for method in every:
         one_arch = METHODS[method].homogeneous_only
         extra = ONE_ARCH if one_arch else {}
         row(method, method + (f" ({ONE_ARCH['arch-mix']} only)" if one_arch else ""), method,
             extra, method + ("-one-arch" if one_arch else ""), base=extra)
         if one_arch:
             row("standalone-one-arch", f"standalone ({ONE_ARCH['arch-mix']} only)",
-                "standalone", ONE_ARCH, "standalone-one-arch")
+                "standalone", ONE_ARCH, "standalone-one-arch", owners=(method,))
         for i, changed in enumerate(TRIED.get(method, [])):
             what = ", ".join(f"{k} = {toml_value(v)}" for k, v in changed.items())
             row(f"{method}-tried-{i}", f"{method} with {what}", method, changed,
@@ -107,23 +135,31 @@ def main() -> None:
     # Local training with the same steps as the eight methods taken from HtFLlib (their shared
     # recipe: batch 10, six times the global default's steps per round), so that what they add
     # to local training can be told from what their recipe alone adds.
+    htfllib_recipe = dict(METHODS["fd"].recipe)
     row("standalone-htfllib", "standalone with HtFLlib's recipe (FD's)", "standalone",
-        dict(METHODS["fd"].recipe), "standalone-htfllib-recipe", base={})
+        htfllib_recipe, "standalone-htfllib-recipe", base={},
+        owners=tuple(m for m in every if dict(METHODS[m].recipe) == htfllib_recipe))
 
-    every = [m for m in METHODS if m != "standalone"]
+    ran = [m for m in every if m in args.methods]
+    kept = [m for m in every if m not in ran and any(
+        k == m or k.startswith(f"{m}-tried-") for k in rows)]
+    covered = ran + kept
 
     def caption(command: str) -> str:
         return (f"Produced by `.venv/bin/python {command}"
-                + ("" if args.methods == every else f" --methods {' '.join(args.methods)}")
+                + ("" if covered == every else f" --methods {' '.join(covered)}")
                 + ("" if seeds == [0, 1, 2] else f" --seeds {' '.join(map(str, seeds))}")
                 + "`"
+                + (f" (in parts: the last invocation, `--methods {' '.join(ran)}`, re-ran the"
+                   " baselines and replaced those methods' rows, keeping the others')"
+                   if kept and ran else "")
                 + ". Mean per-client local-test accuracy after the last round, ± std over "
                 f"{len(seeds)} seed(s); Δ = against Standalone on the same data and "
                 "architectures (local training with its own recipe). Every method trains with "
                 "its own recipe, shown in the last column.")
 
     lines = [caption(SCRIPT), "", *header, *rows.values(), "",
-             "Below Standalone by more than the seed spread: "
+             LOSERS
              + (", ".join(losers) if losers else "none") + "."]
     write_generated(DOC, SCRIPT, "\n".join(lines))
     print(f"[reproduce] wrote {DOC}")
@@ -131,7 +167,7 @@ def main() -> None:
         wanted = (BASELINES + methods
                   + [f"{m}-tried-{i}" for m in methods for i in range(len(TRIED.get(m, [])))]
                   + ["standalone-one-arch", "standalone-htfllib"])
-        if all(m in rows for m in wanted):
+        if all(m in rows for m in wanted) and fresh & set(methods):
             write_generated(ROOT / page, SCRIPT, "\n".join(
                 [caption(SCRIPT) + " The whole table: [defaults.md](defaults.md).", "",
                  *header, *(rows[m] for m in wanted)]))
