@@ -3,13 +3,18 @@
 Every client keeps its own extractor (any architecture) and shares the linear head, which has
 the same shape for all because every extractor outputs the shared feature dimension d. Per
 client per round d*C + C floats go each way (5010 for d=500, C=10 — FedGH Table 3's
-39.14 KB both ways). Clients are evaluated with their own model after local training.
+39.14 KB both ways). Clients are evaluated with their own model after local training;
+``accuracy-global-head`` is the same extractor with the current global head, what HtFLlib's
+LG-FedAvg evaluates (it installs the global head before testing).
 """
+
+import torch
 
 from fedapp.runtime.aggregate import weighted_average
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
+from strategies.fedgh import head_accuracy
 
 
 class LgFedAvgClient(FedClient):
@@ -19,7 +24,14 @@ class LgFedAvgClient(FedClient):
         load_arrays(self.model, payload)
 
     def receive_for_evaluation(self, payload: Payload) -> bool:
-        return False  # the personalised model (global head + local training) is evaluated
+        # The personalised model (global head + local training) is the headline; the global
+        # head is kept aside for the variant.
+        self.global_head = payload
+        return False
+
+    def evaluation_variants(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        head = getattr(self, "global_head", None)
+        return {"global-head": head_accuracy(self.model, head, x, y)} if head else {}
 
     def upload(self) -> Payload:
         return state_arrays(self.model, list(self.model.head_state()))
@@ -35,6 +47,9 @@ class LgFedAvg(FedStrategy):
 
     def fit_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
         return self.global_head
+
+    def eval_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
+        return self.global_head  # for the "global-head" variant only
 
     def upload_spec(self, client: ClientInfo) -> dict[str, ArraySpec]:
         return {name: ArraySpec(a.shape) for name, a in self.global_head.items()}

@@ -8,7 +8,8 @@ import pytest
 from fedapp.runtime.payload import decode, wire_size
 from fedapp.runtime.results import Recorder
 from fedapp.runtime.strategy_base import EmptyRounds, RoundFailed
-from tests.conftest import client_manager, eval_res, fit_res, make_strategy
+from tests.conftest import (InProcessFederation, client_manager, eval_res, fit_res,
+                            make_strategy)
 
 HEAD = {"head.weight": (10, 500), "head.bias": (10,)}
 
@@ -48,6 +49,28 @@ def test_lg_fedavg_moves_exactly_the_head_each_way(rng, tmp_path):
     assert summary["accuracy"]["per_architecture"] == pytest.approx(
         {"cnn1": 0.5, "cnn2": 0.6, "cnn3": 0.7})
     assert (tmp_path / "run" / "rounds.jsonl").read_text().count("\n") == 1
+
+
+def test_lg_fedavg_also_reports_the_global_head_as_htfllib_evaluates(tmp_path):
+    # The headline is the personalised model; "global-head" installs the averaged head on the
+    # client's extractor (HtFLlib's LG-FedAvg tests that model), leaving the model untouched.
+    import torch
+    from fedapp.runtime.training import evaluate
+    from strategies.fedgh import head_accuracy
+    fed = InProcessFederation("lg-fedavg", num_clients=2, arch_mix="cnn5",
+                              **{"output-dir": str(tmp_path)})
+    fed.fit_round(1)
+    metrics = fed.evaluate_round(1)
+    client = fed.client(0)
+    client._recover_state({}, 1)
+    client._take_back_state()
+    own = evaluate(client.predictor(), client.data.test_x, client.data.test_y)[1]
+    with_global = head_accuracy(client.model, fed.strategy.global_head,
+                                client.data.test_x, client.data.test_y)
+    assert metrics[0]["accuracy"] == pytest.approx(own)
+    assert metrics[0]["accuracy-global-head"] == pytest.approx(with_global)
+    assert not torch.equal(client.model.head.weight.detach(),
+                           torch.from_numpy(fed.strategy.global_head["head.weight"]))
 
 
 def test_bad_uploads_are_rejected_and_the_round_goes_on(rng, caplog):
