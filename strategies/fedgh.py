@@ -109,11 +109,17 @@ def train_header(header: torch.nn.Linear, lars: list[tuple[np.ndarray, np.ndarra
     rng = np.random.default_rng(seed)
     optimizer = torch.optim.SGD(header.parameters(), lr=settings.server_lr)
     header.train()
+    if settings.client_order == "pooled":
+        # HtFLlib's server: one shuffled DataLoader over every client's pairs, each epoch.
+        lars = [tuple(np.concatenate(parts) for parts in zip(*lars))] if lars else []
     for _ in range(settings.server_epochs):
         order = (rng.permutation(len(lars)) if settings.client_order == "shuffled"
                  else np.arange(len(lars)))
         for i in order:
             reps, labels = (torch.from_numpy(a) for a in lars[i])
+            if settings.client_order == "pooled":
+                mix = torch.from_numpy(rng.permutation(len(labels)))
+                reps, labels = reps[mix], labels[mix]
             step = settings.server_batch_size or len(labels)
             for start in range(0, len(labels), step):
                 loss = F.cross_entropy(header(reps[start:start + step]),

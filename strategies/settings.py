@@ -80,8 +80,10 @@ class FedGHSettings:
     server_batch_size: int = opt(
         0, "LARs per server step (0 = all LARs of one client per step, as they arrive)", low=0)
     client_order: str = opt("shuffled", "order in which clients' LARs are consumed: 'shuffled' "
-                            "(seeded, like arrival order) or 'partition' (by partition id)",
-                            choices=("shuffled", "partition"))
+                            "(seeded, like arrival order), 'partition' (by partition id), or "
+                            "'pooled': every client's LARs shuffled together into batches of "
+                            "server-batch-size (HtFLlib's server DataLoader)",
+                            choices=("shuffled", "partition", "pooled"))
     server_head_training: bool = opt(
         True, "train the global header (false = the released code's frozen random header)")
 

@@ -68,6 +68,21 @@ def test_clients_install_the_global_header_before_training():
     assert not np.allclose(header["head.weight"], init)
 
 
+def test_pooled_order_batches_every_clients_lars_together_as_htfllib():
+    # HtFLlib's server shuffles all (LAR, label) pairs of the round into one DataLoader:
+    # 10 pairs in batches of 3 are 4 steps an epoch, where client by client (2 pairs each)
+    # they are 5.
+    rng = np.random.default_rng(0)
+    lars = [(rng.normal(size=(2, 20)).astype(np.float32), np.array([2 * k, 2 * k + 1], np.int32))
+            for k in range(5)]
+    for order, steps, mixed in (("pooled", 4, True), ("shuffled", 5, False)):
+        header, batches = torch.nn.Linear(20, 10), []
+        header.register_forward_hook(lambda m, inp, out: batches.append(inp[0].shape[0]))
+        train_header(header, lars, FedGHSettings(server_batch_size=3, client_order=order),
+                     seed=0)
+        assert len(batches) == steps and (3 in batches) == mixed
+
+
 def test_server_training_lowers_the_loss_on_the_lars_and_frozen_mode_keeps_the_init():
     rng = np.random.default_rng(0)
     lars = [(rng.normal(size=(2, 20)).astype(np.float32) + 3 * np.eye(20, dtype=np.float32)[
