@@ -1,0 +1,162 @@
+"""Our methods beside HtFLlib's on identical work: HtFLlib's data files, its models, its
+hyperparameters, its accuracy — do we land where the peer lands, method by method?
+
+The work (docs/crosscheck.md says how the peer's side was run):
+
+- data: Fashion-MNIST split by PFLlib's generator (``generate_FashionMNIST.py noniid - dir``:
+  Dirichlet 0.1, 20 clients, each client's samples 75/25 into train/test), read here with
+  ``partition = "files"`` from the folder the generator wrote (``--data-dir``);
+- models: HtFLlib's 1-channel CNN family HCNNs8 (``client_models/htfllib_cnns.py``), model k
+  to client k mod 8, representation d = 512;
+- training: HtFLlib's defaults — SGD without momentum, lr 0.01 (no state, so an optimizer per
+  round or per run is the same), one epoch a round of batches of 10 in the data's own order
+  (its loader neither shuffles nor keeps the short last batch), every client every round;
+- accuracy: HtFLlib's (correct predictions over all clients' test samples, pooled) and ours
+  (the mean of the clients' accuracies), after the last round and the best over rounds (the
+  peer's "best accuracy"); where the peer measures something else than our headline (``VARIANT``)
+  the peer's measurement is computed too.
+
+    .venv/bin/python reproduce/crosscheck_htfllib.py --data-dir /data/pfllib/FashionMNIST
+
+Finished runs are reused (results/crosscheck-htfllib/). Writes the table into
+docs/crosscheck.md, with the peer's figures (``PEER``: taken from its logs) beside ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ROOT, mean_std, run_seeds, write_generated  # noqa: E402
+
+from client_models.htfllib_cnns import HTFLLIB_CNNS  # noqa: E402
+
+SCRIPT = "reproduce/crosscheck_htfllib.py"
+OUT = ROOT / "results" / "crosscheck-htfllib"
+DOC = ROOT / "docs" / "crosscheck.md"
+ROUNDS = 3
+
+# HtFLlib's defaults (system/main.py's argparse; docs/crosscheck.md cites the lines).
+WORK: dict[str, Any] = {
+    "dataset": "federation", "partition": "files", "num-clients": 20,
+    "arch-mix": ",".join(HTFLLIB_CNNS), "feature-dim": 512,
+    "optimizer": "sgd", "lr": 0.01, "momentum": 0.0, "weight-decay": 0.0, "grad-clip": 0.0,
+    "optimizer-state": "keep", "batch-size": 10, "local-epochs": 1, "local-steps": 0,
+    "drop-last": True, "batch-order": "fixed", "fraction-fit": 1.0, "eval-every": 1,
+}
+# Each method's own hyperparameters at HtFLlib's defaults: FedProto's lamda 1 (ours too);
+# FedGH's server trains the header for server_epochs = 100 epochs of SGD (lr 0.01) over one
+# shuffled DataLoader of every client's (prototype, label) pairs in batches of batch_size = 10.
+METHODS: dict[str, dict[str, Any]] = {
+    "standalone": {},
+    "lg-fedavg": {},
+    "fedgh": {"fedgh.server-lr": 0.01, "fedgh.server-epochs": 100,
+              "fedgh.server-batch-size": 10, "fedgh.client-order": "pooled"},
+    "fedproto": {"fedproto.lambda": 1.0},
+}
+# Where HtFLlib measures something else than our headline, the variant that measures what it
+# measures (our headline is kept in the last two columns).
+VARIANT: dict[str, tuple[str, str]] = {
+    "lg-fedavg": ("global-head", "HtFLlib tests each client with the averaged head installed "
+                  "(set_parameters before evaluate)"),
+    "fedgh": ("global-header", "HtFLlib tests each client with the global header installed"),
+    "fedproto": ("nearest-prototype", "HtFLlib predicts the nearest global prototype"),
+}
+
+# The peer's side, from its logs (docs/crosscheck.md has its commit and commands): per method,
+# HtFLlib's algorithm name and, per repetition, its pooled test accuracy after the last round
+# and its best over rounds.
+PEER: dict[str, dict[str, Any]] = {}
+
+
+def pooled(per_client: Mapping[str, float], test_sizes: Mapping[str, int]) -> float:
+    """Correct predictions over all clients' test samples (HtFLlib's test accuracy)."""
+    correct = sum(acc * test_sizes[k] for k, acc in per_client.items())
+    return correct / sum(test_sizes[k] for k in per_client)
+
+
+def measures(run_dir: Path, variant: str | None) -> dict[str, float]:
+    """One run's accuracies: pooled and per-client mean after the last round, best pooled over
+    the evaluated rounds — of the headline, or of ``variant`` where given."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    partition = json.loads((run_dir / "partition.json").read_text())
+    sizes = {str(c["partition_id"]): c["test_size"] for c in partition["clients"]}
+
+    def per_client(record: Mapping[str, Any]) -> Mapping[str, float]:
+        return record["variants"][variant]["per_client"] if variant else record["per_client"]
+
+    rounds = [h for h in summary["history"] if h["per_client"]]
+    last = per_client(rounds[-1])
+    return {"pooled": pooled(last, sizes), "mean": float(np.mean(list(last.values()))),
+            "best": max(pooled(per_client(h), sizes) for h in rounds)}
+
+
+def cell(values: list[float]) -> str:
+    mean, std = mean_std(values)
+    return f"{mean:.4f} ± {std:.4f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", type=Path, required=True,
+                        help="the folder PFLlib's generator wrote (config.json, train/, test/)")
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help=f"rounds (default {ROUNDS}, the peer's run; another count "
+                        "leaves its columns out)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    data_dir = args.data_dir.resolve()
+    if not (data_dir / "config.json").exists():
+        raise SystemExit(f"{data_dir} has no config.json: give the folder PFLlib's generator "
+                         "wrote (docs/crosscheck.md says how to make it)")
+
+    rows = []
+    for method in args.methods:
+        name = f"{method}-{args.rounds}-rounds"
+        run_seeds(None, {**WORK, "num-server-rounds": args.rounds, "data-dir": str(data_dir),
+                         "method": method, **METHODS[method]}, name, args.seeds,
+                  args.out.resolve())
+        dirs = [args.out.resolve() / f"{name}-seed{s}" for s in args.seeds]
+        ours = [measures(d, None) for d in dirs]
+        variant, why = VARIANT.get(method, (None, ""))
+        as_peer = [measures(d, variant) for d in dirs] if variant else ours
+        peer = PEER.get(method) if args.rounds == ROUNDS else None
+        peer_last = peer["last"] if peer else []
+        p_mean, p_std = mean_std(peer_last) if peer_last else (float("nan"), float("nan"))
+        o_mean, o_std = mean_std([m["pooled"] for m in as_peer])
+        rows.append(
+            f"| {method} | {cell(peer_last) if peer else '—'} "
+            f"| {cell([m['pooled'] for m in as_peer])}{' (' + variant + ')' if variant else ''} "
+            f"| {o_mean - p_mean:+.4f} | {max(p_std, o_std):.4f} "
+            f"| {cell(peer['best']) if peer else '—'} | {cell([m['best'] for m in as_peer])} "
+            f"| {cell([m['pooled'] for m in ours])} | {cell([m['mean'] for m in ours])} |")
+        if why:
+            print(f"[crosscheck] {method}: compared as the peer measures it: {why}")
+
+    seeds = " ".join(map(str, args.seeds))
+    lines = [
+        f"Produced by `.venv/bin/python {SCRIPT} --data-dir <the generator's folder>"
+        + ("" if args.seeds == [0, 1, 2] else f" --seeds {seeds}")
+        + ("" if args.rounds == ROUNDS else f" --rounds {args.rounds}")
+        + f"` (ours, seeds {seeds}); the peer's columns are taken from HtFLlib's logs "
+        "(below). Test accuracy after the last of "
+        f"{args.rounds} rounds, mean ± std over 3 seeds (ours) or 3 repetitions (the peer's); "
+        "pooled = correct over all clients' test samples, as HtFLlib computes it.", "",
+        "| method | HtFLlib, last round | ours, as HtFLlib measures | difference | larger "
+        "seed std | HtFLlib, best round | ours, best round | ours, headline pooled | "
+        "ours, per-client mean |",
+        "|---|---|---|---|---|---|---|---|---|", *rows]
+    write_generated(DOC, SCRIPT, "\n".join(lines))
+    print(f"[reproduce] wrote {DOC}")
+
+
+if __name__ == "__main__":
+    main()
