@@ -22,7 +22,8 @@ bench: setup
 # seeds; the diagnostic pages at their one seed). Finished runs under results/ are reused, so an
 # interrupted `make reproduce` resumes, and with every run present it only rewrites the tables.
 # From nothing it takes many hours on 2 cores, not yet timed as a whole (a script's docstring
-# gives its own share).
+# gives its own share). reproduce/crosscheck_htfllib.py is not among them: it needs the folder
+# PFLlib's generator writes (docs/crosscheck.md).
 REPRODUCE = defaults scoreboard fedclassavg_defaults fedgh_fmnist fedgh_regimes \
             fedclassavg_fmnist fedclassavg_diagnosis fedclassavg_longer fedhe_async_fmnist \
             felo_fmnist compfl_fmnist compfl_d2d_fmnist
