@@ -25,7 +25,8 @@ from .paper_cnns import (
 from .fedpac_cnns import FAMILY as FEDPAC_FAMILY
 from .fedpac_cnns import FEDPAC_CNNS, build_fedpac_cnn
 from .htfllib_cnns import FAMILY as HTFLLIB_FAMILY
-from .htfllib_cnns import HTFLLIB_CNNS, HTFLLIB_CONV_CHANNELS, build_htfllib_cnn
+from .htfllib_cnns import (HTFLLIB_CNNS, HTFLLIB_CONV_CHANNELS, HTFLLIB_FEATURE_DIM,
+                           build_htfllib_cnn)
 from .resnets import FAMILY as RESNET_FAMILY
 from .resnets import RESNET_STAGE_BLOCKS, build_cifar_resnet
 from .torchvision_backbones import FAMILY as FEDCLASSAVG_FAMILY
@@ -77,8 +78,8 @@ def _registry() -> dict[str, ArchInfo]:
         archs.append(ArchInfo(
             name, HTFLLIB_FAMILY,
             f"HtFLlib's HCNNs8 CNN(num_cov={spec.num_cov}, hidden_dims={list(spec.hidden_dims)}):"
-            f" conv5x5 {'-'.join(map(str, HTFLLIB_CONV_CHANNELS[:spec.num_cov]))}, FC {'-'.join(map(str, spec.hidden_dims + (512,)))}"
-            " = representation",
+            f" conv5x5 {'-'.join(map(str, HTFLLIB_CONV_CHANNELS[:spec.num_cov]))}, FC "
+            f"{'-'.join(map(str, spec.hidden_dims + (HTFLLIB_FEATURE_DIM,)))} = representation",
             partial(build_htfllib_cnn, name),
         ))
     for name, blocks in RESNET_STAGE_BLOCKS.items():
