@@ -59,6 +59,28 @@ METHODS: dict[str, dict[str, Any]] = {
     "fedgh": {"fedgh.server-lr": 0.01, "fedgh.server-epochs": 100,
               "fedgh.server-batch-size": 10, "fedgh.client-order": "pooled"},
     "fedproto": {"fedproto.lambda": 1.0},
+    # FD (HtFLlib 728e52a's FedDistill): lamda 1; the soft target is the softmax of the
+    # averaged logits (clientdistill.py:52); every sender's row is averaged, the client's own
+    # included (serverdistill.py:88); a class without global logits targets the client's own.
+    "fd": {"fd.lambda": 1.0, "fd.exclude-own": False, "fd.raw-target": False,
+           "fd.self-target": True, "fd.history": "round"},
+    # FedTGP: lamda 1, server_epochs 100, margin 100; the server's lr and batch are the
+    # clients' -lr and -lbs (servertgp.py:28-31); prototypes of the model before the round's
+    # training (clienttgp.py:60-61).
+    "fedtgp": {"fedtgp.lambda": 1.0, "fedtgp.eval-rule": "nearest-prototype",
+               "fedtgp.server-epochs": 100, "fedtgp.server-lr": 0.01,
+               "fedtgp.server-batch-size": 10, "fedtgp.margin": 100.0,
+               "fedtgp.pre-training-prototypes": True},
+    # FML: the shared (meme) model is the family's first (BaseHeadSplit(args, 0)), averaged
+    # uniformly; alpha = beta = 1 (no mutual term); each model clipped at 10 (clientfml.py).
+    "fml": {"fml.shared-arch": "htfllib-cnn-c1", "fml.average": "uniform", "fml.alpha": 1.0,
+            "fml.beta": 1.0, "fml.detach-partner": False, "fml.kl": "mean", "grad-clip": 10.0},
+    # FedKD: T_start 0.95, T_end 0.98, mentee lr 0.01, the mentee's weights as SVD factors
+    # each way with HtFLlib's rank search and loss, uniform average, clipping at 10.
+    "fedkd": {"fedkd.shared-arch": "htfllib-cnn-c1", "fedkd.average": "uniform",
+              "fedkd.energy-start": 0.95, "fedkd.energy-end": 0.98, "fedkd.mentee-lr": 0.01,
+              "fedkd.compress": "weights", "fedkd.rank-rule": "htfllib",
+              "fedkd.htfllib-loss": True, "fedkd.kl": "mean", "grad-clip": 10.0},
 }
 # Where HtFLlib measures something else than our headline, the variant that measures what it
 # measures (our headline is kept in the last two columns).
