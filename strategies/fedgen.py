@@ -28,13 +28,14 @@ pooled and G is untrained, so only the head goes down and clients train with CE 
 paper's first round; HtFLlib instead uses its untrained G from round 0, as it reads every
 client's labels at start-up, which a federation cannot).
 
-The paper and the authors' code differ from HtFLlib in four points; each is a setting whose
+The paper and the authors' code differ from HtFLlib in five points; each is a setting whose
 default is the paper's (the authors' code gives the numbers the paper leaves out):
 ``noise`` (paper N(0, I); HtFLlib U[0, 1) despite its comment), ``teacher-weights`` (paper
 per-label weights n_k^y / sum_j n_j^y; HtFLlib one weight n_k / sum n per client),
 ``diversity`` (the paper's diversity regulariser, weight 1 in the authors' code; HtFLlib 0) and
 ``client-weight`` / ``client-weight-decay`` (the authors' alpha_t = max(1e-4, 10 * 0.98^t);
-HtFLlib 1, constant). docs/fedgen.md lists the settings that reproduce HtFLlib.
+HtFLlib 1, constant) and ``keep-generator`` (HtFLlib's server trains a copy of its initial G
+each round and discards it, so its clients only ever see the untrained G). docs/fedgen.md lists the settings that reproduce HtFLlib.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def train_generator(generator: Generator, heads: list[Payload], weights: np.ndar
                     pool: np.ndarray, settings: FedGenSettings, batch_size: int,
                     seed: int) -> float:
     """``server-steps`` Adam steps of G on the ensemble's cross-entropy (+ diversity); a new
-    Adam each round on the persistent G, as HtFLlib. ``weights`` is ``[C, K]``
+    Adam each round (HtFLlib's) on the persistent G. ``weights`` is ``[C, K]``
     (:func:`teacher_weights`), ``pool`` the histogram the labels are drawn from. Returns the
     last step's ensemble cross-entropy."""
     rng = torch.Generator().manual_seed(seed)
@@ -218,7 +219,7 @@ class FedGen(FedStrategy):
         with isolated_rng(derive_seed(self.cfg.seed, "fedgen-generator-init")):
             self.generator = Generator(s.noise_dim, self.num_classes, s.hidden_dim,
                                        self.feature_dim)
-        self.generator_trained = False
+        self.generator_sent = False  # from the first aggregation on (the label pool is known)
         self.label_counts: dict[int, np.ndarray] = {}  # partition id -> its label histogram
         self.last_generator_ce: float | None = None
 
@@ -235,7 +236,7 @@ class FedGen(FedStrategy):
             cache = self._payloads = (server_round, {})
         if wanted not in cache[1]:
             payload = dict(self.global_head)
-            if self.generator_trained:
+            if self.generator_sent:
                 payload.update({GENERATOR_PREFIX + k: v.detach().numpy().astype(np.float32)
                                 for k, v in self.generator.named_parameters()})
                 payload[LABEL_POOL] = self._pool(self.label_counts).astype(np.int32)
@@ -275,10 +276,14 @@ class FedGen(FedStrategy):
         # The paper's teachers are this round's clients: with per-label weights the labels
         # come from their pooled histogram; HtFLlib's from every client's.
         pool = counts.sum(0) if s.teacher_weights == "label" else self._pool(self.label_counts)
-        self.last_generator_ce = train_generator(
-            self.generator, heads, teacher_weights(counts, num_examples, s.teacher_weights),
-            pool, s, s.server_batch_size or self.cfg.batch_size,
-            derive_seed(self.cfg.seed, "fedgen-server", server_round))
-        self.generator_trained = True
+        if s.keep_generator:
+            self.last_generator_ce = train_generator(
+                self.generator, heads, teacher_weights(counts, num_examples, s.teacher_weights),
+                pool, s, s.server_batch_size or self.cfg.batch_size,
+                derive_seed(self.cfg.seed, "fedgen-server", server_round))
+        # else HtFLlib's code: its server reloads the initial G before each training
+        # (servergen.py:112) and never saves the trained one, so its clients only ever see
+        # the initial G; training a copy to throw away changes nothing, so none is trained.
+        self.generator_sent = True
         self.global_head = weighted_average(heads, num_examples.tolist())
         self._payloads = None

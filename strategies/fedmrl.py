@@ -4,7 +4,9 @@ their features, the shared head reads a Matryoshka prefix and the private head t
 
 Client i holds its private model (extractor f_i with output d, head h_i = Linear(d, C)), a copy
 of the shared model psi (extractor g with output s, head h_psi = Linear(s, C); one architecture
-for everyone, ``fedapp.runtime.two_models``) and a private projector P_i = Linear(s + d, d). On
+for everyone, built with feature-dim and its output average-pooled to s as HtFLlib builds it,
+``fedmrl.shared-reduce``; ``fedapp.runtime.two_models``) and a private projector
+P_i = Linear(s + d, d). On
 each batch
 
     r = P_i [g(x); f_i(x)]                       (the shared part first)

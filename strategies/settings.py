@@ -256,6 +256,10 @@ class FedGenSettings:
     client_weight_decay: float = opt(
         0.98, "alpha_t = max(1e-4, alpha_0 * decay^(t - 1)) in round t (authors' code 0.98; "
         "HtFLlib 1 = constant)", low=0.0, high=1.0, low_open=True)
+    keep_generator: bool = opt(
+        True, "keep the generator the server trains (paper, authors' code); false = HtFLlib's "
+        "code, whose server trains a copy of its initial generator each round and discards it, "
+        "so that the clients always draw from the untrained G")
 
     def client_term_weight(self, server_round: int) -> float:
         """alpha_t for round ``server_round`` (1-based; the authors count from 0)."""
@@ -326,6 +330,11 @@ class SharedModelSettings:
         """The shared model's representation size (None = its architecture's own)."""
         return cfg.feature_dim or None
 
+    def shared_pool_dim(self, cfg: RunConfig) -> int | None:
+        """s where the shared extractor is built with ``feature-dim`` and its output then
+        average-pooled to s (None: built with :meth:`shared_feature_dim` directly)."""
+        return None
+
     def check(self, cfg: RunConfig) -> None:
         # The models import torch (this check builds one).
         from client_models import ModelConfigError, parse_arch_mix
@@ -389,16 +398,24 @@ class FedMRLSettings(SharedModelSettings):
         "local", "the shared extractor a client predicts with: 'local' (the one it trained "
         "last: the paper, the authors' code) or 'global' (the server's: HtFLlib)",
         choices=("local", "global"))
+    shared_reduce: str = opt(
+        "pool", "how the shared extractor's output becomes s long: 'pool' (the architecture "
+        "built with its d, then averaged in s groups: HtFLlib's BaseHeadSplit, the spec) or "
+        "'linear' (the architecture's last layer built s wide: fewer parameters, less "
+        "traffic)", choices=("pool", "linear"))
 
     def shared_feature_dim(self, cfg: RunConfig) -> int:
         return self.shared_dim or min(HTFL_SHARED_DIM, cfg.feature_dim or HTFL_SHARED_DIM)
 
+    def shared_pool_dim(self, cfg: RunConfig) -> int | None:
+        return self.shared_feature_dim(cfg) if self.shared_reduce == "pool" else None
+
     def check(self, cfg: RunConfig) -> None:
-        super().check(cfg)
         if cfg.feature_dim and self.shared_feature_dim(cfg) > cfg.feature_dim:
             raise ConfigError(f"setting fedmrl.shared-dim = {self.shared_dim} is invalid: the "
                               f"shared head reads a prefix of the d = feature-dim = "
                               f"{cfg.feature_dim} projected representation, so s <= d")
+        super().check(cfg)  # builds the shared model
 
 
 # -- FedKD: strategies/fedkd.py -------------------------------------------------------------------

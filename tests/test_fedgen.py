@@ -155,3 +155,21 @@ def test_one_seed_one_result(tmp_path):
         np.testing.assert_array_equal(a.global_head[k], b.global_head[k])
     for pa, pb in zip(a.generator.parameters(), b.generator.parameters()):
         torch.testing.assert_close(pa, pb, rtol=0, atol=0)
+
+
+def test_htfllibs_discarded_generator_sends_the_initial_one_every_round(tmp_path):
+    # keep-generator = false is HtFLlib's code: its server trains a copy of the initial G and
+    # drops it, so the clients get the untrained G in every round (fails if G is trained or
+    # no G is sent).
+    fed, _ = _federation(tmp_path, **{"fedgen.keep-generator": False})
+    initial = {k: v.detach().clone() for k, v in fed.strategy.generator.named_parameters()}
+    for rnd in (1, 2, 3):
+        fed.fit_round(rnd)
+        sent = fed.strategy.fit_payload(rnd + 1, None)
+        for k, v in initial.items():
+            np.testing.assert_array_equal(sent["generator." + k], v.numpy())
+    kept, _ = _federation(tmp_path / "kept")
+    kept.fit_round(1)
+    trained = kept.strategy.fit_payload(2, None)
+    assert any(not np.array_equal(trained["generator." + k], v.numpy())
+               for k, v in initial.items()), "the paper's server trains G"

@@ -16,9 +16,11 @@ from strategies.fedmrl import MatryoshkaPredictor, matryoshka_loss
 from tests.conftest import InProcessFederation, cfg_of, client_manager, make_strategy
 from tests.test_hostile_uploads import small_smoke_overrides
 
-# FedGH's CNN-5 at 1x28x28 with s = 128 (HtFLlib's -sfd), C = 10, counted by hand: conv1
-# 1*16*25 + 16, conv2 16*32*25 + 32, fc1 (32*4*4)*500 + 500, fc2 500*128 + 128, head 128*10 + 10.
-PSI_FLOATS = 416 + 12832 + (512 * 500 + 500) + (500 * 128 + 128) + (128 * 10 + 10)
+# FedGH's CNN-5 at 1x28x28 with d = 500 pooled to s = 128 (HtFLlib's -sfd), C = 10, counted by
+# hand: conv1 1*16*25 + 16, conv2 16*32*25 + 32, fc1 (32*4*4)*500 + 500, fc2 500*500 + 500 (the
+# pooling has no parameters), head 128*10 + 10; with shared-reduce = "linear" fc2 is 500*128 + 128.
+PSI_FLOATS = 416 + 12832 + (512 * 500 + 500) + (500 * 500 + 500) + (128 * 10 + 10)
+PSI_FLOATS_LINEAR = 416 + 12832 + (512 * 500 + 500) + (500 * 128 + 128) + (128 * 10 + 10)
 
 
 class Columns(torch.nn.Module):
@@ -67,7 +69,7 @@ def test_with_projector_zero_identity_the_private_path_is_the_plain_local_model(
 
 
 def test_psi_travels_whole_each_way_and_only_psi():
-    assert PSI_FLOATS == 335_166
+    assert PSI_FLOATS == 521_538 and PSI_FLOATS_LINEAR == 335_166
     strategy = make_strategy("fedmrl", num_clients=5, feature_dim=500,
                              arch_mix="cnn1,cnn2,cnn3,cnn4,cnn5")
     assert strategy.shared_arch == "cnn5"
@@ -85,6 +87,24 @@ def test_psi_travels_whole_each_way_and_only_psi():
                for _, ins in htfl.configure_evaluate(1, None, manager))
     with pytest.raises(ConfigError, match="s <= d"):
         cfg_of(method="fedmrl", feature_dim=64, **{"fedmrl.shared-dim": 100})
+    linear = make_strategy("fedmrl", num_clients=5, feature_dim=500, **{
+        "fedmrl.shared-reduce": "linear"}, arch_mix="cnn1,cnn2,cnn3,cnn4,cnn5")
+    manager, _ = client_manager(linear)
+    assert [wire_size(ins.parameters).data for _, ins in linear.configure_fit(1, None, manager)
+            ] == [PSI_FLOATS_LINEAR * 4] * 5
+
+
+def test_the_pooled_shared_extractor_averages_groups_of_d_over_s_features():
+    # HtFLlib's BaseHeadSplit: the extractor's own d-long output, averaged in s groups.
+    fed = InProcessFederation("fedmrl", **{**small_smoke_overrides("fedmrl"), "feature_dim": 64,
+                                           "fedmrl.shared-dim": 16})
+    shared = fed.client(0).shared
+    inner, pool = shared.extractor
+    x = fed.client(0).data.test_x[:4]
+    with torch.no_grad():
+        full = inner(x)
+        assert full.shape[1] == 64 and shared.head.in_features == 16 == shared.feature_dim
+        torch.testing.assert_close(shared.extractor(x), full.view(4, 16, 4).mean(dim=2))
 
 
 @pytest.mark.parametrize("keep", [True, False])

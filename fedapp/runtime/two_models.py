@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord
 
 from client_models import HeteroModel, build_model, parse_arch_mix
-from fedapp.config import RunConfig
+from fedapp.config import ConfigError, RunConfig
 from fedapp.data.local_data import expected_input
 from fedapp.runtime.aggregate import weighted_average
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
@@ -43,10 +43,26 @@ MODULE_STATE_KEY = "fedapp.module.{name}"
 
 def _build(cfg: RunConfig, arch: str, input_shape: tuple[int, int, int], num_classes: int,
            *seed_parts: int | str) -> HeteroModel:
+    pool = cfg.settings.shared_pool_dim(cfg)
     with isolated_rng(derive_seed(cfg.seed, "model-init", arch, *seed_parts)):
-        return build_model(arch, input_shape, num_classes,
-                           feature_dim=cfg.settings.shared_feature_dim(cfg),
-                           width=cfg.model_width)
+        model = build_model(arch, input_shape, num_classes,
+                            feature_dim=(cfg.feature_dim or None) if pool
+                            else cfg.settings.shared_feature_dim(cfg),
+                            width=cfg.model_width)
+        return pooled(model, pool) if pool else model
+
+
+def pooled(model: HeteroModel, size: int) -> HeteroModel:
+    """``model`` whose representation is average-pooled to ``size`` (HtFLlib's BaseHeadSplit
+    puts ``AdaptiveAvgPool1d(feature_dim)`` where the model's own head was), with a new head
+    ``Linear(size, C)``."""
+    if size > model.feature_dim:
+        raise ConfigError(f"the shared model {model.arch} represents with d = "
+                          f"{model.feature_dim} features, fewer than the s = {size} to pool to")
+    model.extractor = torch.nn.Sequential(model.extractor, torch.nn.AdaptiveAvgPool1d(size))
+    model.feature_dim = size
+    model.head = torch.nn.Linear(size, model.num_classes)
+    return model
 
 
 @functools.lru_cache(maxsize=8)
