@@ -81,6 +81,19 @@ METHODS: dict[str, dict[str, Any]] = {
               "fedkd.energy-start": 0.95, "fedkd.energy-end": 0.98, "fedkd.mentee-lr": 0.01,
               "fedkd.compress": "weights", "fedkd.rank-rule": "htfllib",
               "fedkd.htfllib-loss": True, "fedkd.kl": "mean", "grad-clip": 10.0},
+    # FedMRL: psi is the family's first model pooled to -sfd 128 (BaseHeadSplit(args, 0, 128)),
+    # averaged uniformly; the projector is never saved; clients are tested with the server's psi.
+    "fedmrl": {"fedmrl.shared-arch": "htfllib-cnn-c1", "fedmrl.shared-dim": 128,
+               "fedmrl.shared-reduce": "pool", "fedmrl.average": "uniform",
+               "fedmrl.keep-projector": False, "fedmrl.eval-shared": "global"},
+    # FedGen: -nd 512, -hd 512, uniform noise, per-client sample weights, no diversity term, a
+    # constant client-term weight 1; its server's trained generator is never kept
+    # (servergen.py:112), so -glr 0.005 and -se 100 are written down but change nothing.
+    "fedgen": {"fedgen.noise-dim": 512, "fedgen.hidden-dim": 512, "fedgen.noise": "uniform",
+               "fedgen.teacher-weights": "samples", "fedgen.diversity": 0.0,
+               "fedgen.client-weight": 1.0, "fedgen.client-weight-decay": 1.0,
+               "fedgen.server-lr": 0.005, "fedgen.server-steps": 100,
+               "fedgen.server-batch-size": 0, "fedgen.keep-generator": False},
 }
 # Where HtFLlib measures something else than our headline, the variant that measures what it
 # measures (our headline is kept in the last two columns).
