@@ -94,6 +94,12 @@ METHODS: dict[str, dict[str, Any]] = {
                "fedgen.client-weight": 1.0, "fedgen.client-weight-decay": 1.0,
                "fedgen.server-lr": 0.005, "fedgen.server-steps": 100,
                "fedgen.server-batch-size": 0, "fedgen.keep-generator": False},
+    # FedL2G (HtFLlib e959261, -algo FedL2G-feat -wu 0: its warm-up of 50 rounds would take
+    # the whole run): one study and one quiz batch, the quiz set the first 10 stored samples,
+    # server step 0.01 (main.py's -slr), clipping at 100 (clientl2g_feat.py:53).
+    "fedl2g": {"fedl2g.variant": "feat", "fedl2g.warmup-fraction": 0.0,
+               "fedl2g.study-batches": 1, "fedl2g.quiz-batches": 1, "fedl2g.quiz-set": "first",
+               "fedl2g.server-lr": 0.01, "grad-clip": 100.0},
 }
 # Where HtFLlib measures something else than our headline, the variant that measures what it
 # measures (our headline is kept in the last two columns).

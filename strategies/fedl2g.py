@@ -108,12 +108,15 @@ class FedL2GClient(FedClient):
     def quiz_split(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(quiz indices, study indices) of the training set: a fixed random quiz set of
         ``quiz-batches * batch-size`` samples. HtFLlib takes the first samples of its stored
-        split; partitions here keep indices sorted, so the first ones would follow the
-        dataset's order."""
+        split (``fedl2g.quiz-set = "first"``); partitions here keep indices sorted, so the
+        first ones would follow the dataset's order."""
         n = len(self.data.train_y)
         size = min(self.cfg.settings.quiz_batches * self.cfg.batch_size, n - 1)
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(
-            derive_seed(self.cfg.seed, "fedl2g-quiz", self.partition_id)))
+        if self.cfg.settings.quiz_set == "first":
+            order = torch.arange(n)
+        else:
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(
+                derive_seed(self.cfg.seed, "fedl2g-quiz", self.partition_id)))
         return order[:size].to(self.device), order[size:].to(self.device)
 
     def train(self, server_round: int):

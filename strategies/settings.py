@@ -287,6 +287,10 @@ class FedL2GSettings:
     study_batches: int = opt(1, "study batches in the look-ahead step (mdb)", low=1)
     quiz_batches: int = opt(1, "quiz batches (mqb); the quiz set is quiz-batches * batch-size "
                             "training samples, held out from training", low=1)
+    quiz_set: str = opt(
+        "random", "which training samples the quiz set holds: a seeded 'random' draw, or the "
+        "'first' ones in the data's order, the study set keeping that order (HtFLlib, which "
+        "slices its stored per-client file)", choices=("random", "first"))
     server_lr: float = opt(0.0, "server step size eta_s on the guiding vectors (0 = FedL2G's "
                            "run_me.sh: 100 for feat, 0.1 for logit; HtFLlib's main.py 0.01)",
                            low=0.0)

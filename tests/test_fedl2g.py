@@ -156,3 +156,14 @@ def test_one_seed_one_result(tmp_path):
             fed.fit_round(rnd)
         guides.append(fed.strategy.guide)
     torch.testing.assert_close(guides[0], guides[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("quiz_set", ["random", "first"])
+def test_the_quiz_set_is_held_out_and_htfllibs_takes_the_first_samples(tmp_path, quiz_set):
+    fed, _ = _federation(tmp_path, **{"fedl2g.quiz-set": quiz_set})
+    client = fed.client(0)
+    quiz, study = client.quiz_split()
+    n, size = len(client.data.train_y), fed.strategy.cfg.batch_size
+    assert sorted(torch.cat([quiz, study]).tolist()) == list(range(n)) and len(quiz) == size
+    in_order = torch.equal(torch.cat([quiz, study]).cpu(), torch.arange(n))
+    assert in_order == (quiz_set == "first")
