@@ -59,6 +59,11 @@ METHODS: dict[str, dict[str, Any]] = {
     "fedgh": {"fedgh.server-lr": 0.01, "fedgh.server-epochs": 100,
               "fedgh.server-batch-size": 10, "fedgh.client-order": "pooled"},
     "fedproto": {"fedproto.lambda": 1.0},
+    # The same with HtFLlib's prototypes: the means of the representations its training steps
+    # computed (clientproto.py), averaged over the clients unweighted (serverproto.py).
+    "fedproto-during-training": {"method": "fedproto", "fedproto.lambda": 1.0,
+                                 "fedproto.prototypes": "during-training",
+                                 "fedproto.average": "uniform"},
     # FD (HtFLlib 728e52a's FedDistill): lamda 1; the soft target is the softmax of the
     # averaged logits (clientdistill.py:52); every sender's row is averaged, the client's own
     # included (serverdistill.py:88); a class without global logits targets the client's own.
@@ -109,6 +114,7 @@ VARIANT: dict[str, tuple[str, str]] = {
     "fedgh": ("global-header", "HtFLlib tests each client with the global header installed"),
     "fedproto": ("nearest-prototype", "HtFLlib predicts the nearest global prototype"),
 }
+VARIANT["fedproto-during-training"] = VARIANT["fedproto"]
 
 # The peer's side, from its logs (docs/crosscheck.md has its commit and commands): per method,
 # HtFLlib's algorithm and, per run, its test accuracy (pooled; full precision from its
@@ -127,6 +133,7 @@ PEER: dict[str, dict[str, Any]] = {
     "fedproto": {"algorithm": "FedProto", "last": [0.842863], "best": [0.842863],
                  "rounds": [0.628206, 0.786428, 0.842863]},
 }
+PEER["fedproto-during-training"] = PEER["fedproto"]
 
 
 def pooled(per_client: Mapping[str, float], test_sizes: Mapping[str, int]) -> float:

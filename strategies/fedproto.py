@@ -16,6 +16,11 @@ paper counts prototypes only. Each client downloads the global prototypes of its
 Evaluation: the model's own head by default; ``fedproto.eval-rule = "nearest-prototype"``
 predicts the class whose global prototype is nearest to ``g_k(x)`` (the FedProto paper's rule).
 Both are reported.
+
+FedProto's released code and HtFLlib differ in two points, each a setting whose default is the
+paper's: a client's prototypes are the means of the representations its training steps computed
+(``fedproto.prototypes = "during-training"``: the model changes under them), and the server
+averages the clients' prototypes of a class without weights (``fedproto.average = "uniform"``).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import re
 import numpy as np
 import torch
 
-from fedapp.runtime.class_stats import class_means, class_target_mse
+from fedapp.runtime.class_stats import ClassSums, class_means, class_target_mse
 from fedapp.runtime.client_base import FedClient
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -49,6 +54,13 @@ def _prototype_table(payload: Payload, num_classes: int, dim: int, device: torch
 class FedProtoClient(FedClient):
     """CE + lambda * distance to the global prototypes; uploads its own prototypes."""
 
+    seen: ClassSums | None = None  # prototypes = "during-training": this round's steps' sums
+
+    def train(self, server_round: int):
+        during = self.cfg.settings.prototypes == "during-training"
+        self.seen = ClassSums(self.num_classes) if during else None
+        return super().train(server_round)
+
     def receive(self, payload: Payload, server_round: int) -> None:
         self.global_prototypes, self.has_prototype = _prototype_table(
             payload, self.num_classes, self.model.feature_dim, self.device)
@@ -59,6 +71,8 @@ class FedProtoClient(FedClient):
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         features = self.model.features(x)
+        if self.seen is not None:
+            self.seen.add(features, y)
         loss = torch.nn.functional.cross_entropy(self.model.head(features), y)
         lam = self.cfg.settings.lam
         if lam > 0 and bool(self.has_prototype.any()):
@@ -67,8 +81,15 @@ class FedProtoClient(FedClient):
         return loss
 
     def upload(self) -> Payload:
-        protos = class_means(self.model.features, self.model, self.data.train_x,
-                             self.data.train_y, self.num_classes)
+        if self.seen is not None:
+            # Means over the round's training steps; the counts sent are the class's training
+            # samples |D_kc| all the same (a sample seen in several epochs is one sample).
+            protos = self.seen.means()
+            protos.counts = np.bincount(self.data.train_y.cpu().numpy(),
+                                        minlength=self.num_classes)[protos.labels]
+        else:
+            protos = class_means(self.model.features, self.model, self.data.train_x,
+                                 self.data.train_y, self.num_classes)
         return {f"class-{c}/n-{n}": v for c, n, v in zip(protos.labels, protos.counts,
                                                           protos.means)}
 
@@ -141,6 +162,7 @@ class FedProto(FedStrategy):
             for name, vector in u.payload.items():
                 match = UPLOAD_NAME.fullmatch(name)
                 c, n = int(match.group(1)), int(match.group(2))
+                n = 1 if self.cfg.settings.average == "uniform" else n
                 sums[c] = sums.get(c, 0.0) + n * vector.astype(np.float64)
                 counts[c] = counts.get(c, 0) + n
                 classes.append(c)

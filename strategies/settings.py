@@ -104,6 +104,15 @@ class FedProtoSettings:
     eval_rule: str = opt("head", "headline prediction: the model's own 'head' or the "
                          "'nearest-prototype' (both are reported)",
                          choices=("head", "nearest-prototype"))
+    prototypes: str = opt(
+        "after-training", "a client's prototype of class c: the exact mean of its trained "
+        "model's representations ('after-training', the paper's equation) or the mean of those "
+        "its training steps computed while the model changed ('during-training': FedProto's "
+        "released code, HtFLlib)", choices=("after-training", "during-training"))
+    average: str = opt("counts", "the global prototype of c: the clients' prototypes weighted "
+                       "by their counts |D_kc| ('counts', the paper) or each client once "
+                       "('uniform': FedProto's released code, HtFLlib)",
+                       choices=("counts", "uniform"))
 
 
 # -- FedHe: strategies/fedhe.py -------------------------------------------------------------------

@@ -74,3 +74,45 @@ def test_nearest_prototype_rule_as_headline():
 def test_a_bad_upload_is_rejected_and_the_round_goes_on(bad, reason, caplog):
     fed = InProcessFederation("fedproto", **PAPER)
     fed.assert_rejects(bad, reason, caplog, pid=0)
+
+def test_htfllibs_prototypes_are_means_over_the_training_steps_averaged_uniformly():
+    # prototypes = "during-training": the mean of the representations the round's training
+    # steps computed (one epoch of full batches here), not of the trained model's.
+    htfl = {"fedproto.prototypes": "during-training", "fedproto.average": "uniform",
+            "batch_order": "fixed", "drop_last": True, "batch_size": 10}
+    htfl = {**PAPER, **htfl, "partition": "iid"}  # classes shared, in unequal counts
+    fed = InProcessFederation("fedproto", **htfl)
+    client = fed.client(0)
+    start = {k: v.clone() for k, v in client.model.state_dict().items()}
+    results = fed.fit_round(1)
+    uploads = [decode(res.parameters) for _, res in results.values()]
+    mine = decode(results[0][1].parameters)
+    # Replay client 0's training step by step from its initial weights.
+    replay = InProcessFederation("fedproto", **htfl).client(0)
+    replay.model.load_state_dict(start)
+    optimizer = replay.optimizer()
+    x, y = replay.data.train_x, replay.data.train_y
+    sums, counts = {}, {}
+    replay.model.train()
+    for i in range(0, len(y) - len(y) % 10, 10):
+        z = replay.model.features(x[i:i + 10])
+        for c, v in zip(y[i:i + 10].tolist(), z.detach()):
+            sums[c], counts[c] = sums.get(c, 0) + v, counts.get(c, 0) + 1
+        loss = F.cross_entropy(replay.model.head(z), y[i:i + 10])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert len(mine) == len(sums)
+    for name, vector in mine.items():
+        c = int(name.split("/")[0].split("-")[1])
+        np.testing.assert_allclose(vector, (sums[c] / counts[c]).numpy(), rtol=1e-4, atol=1e-5)
+        assert name.endswith(f"/n-{int((y == c).sum())}")  # the class's samples, as before
+    # Uniform: each client's prototype of a class once, whatever its count.
+    per_class = {}
+    for payload in uploads:
+        for name, vector in payload.items():
+            per_class.setdefault(int(name.split("/")[0].split("-")[1]), []).append(vector)
+    assert any(len(vectors) > 1 for vectors in per_class.values())
+    for c, vectors in per_class.items():
+        np.testing.assert_allclose(fed.strategy.global_prototypes[c], np.mean(vectors, 0),
+                                   rtol=1e-5)
