@@ -132,6 +132,10 @@ PEER: dict[str, dict[str, Any]] = {
               "rounds": [0.804764, 0.858799, 0.858000]},
     "fedproto": {"algorithm": "FedProto", "last": [0.842863], "best": [0.842863],
                  "rounds": [0.628206, 0.786428, 0.842863]},
+    "fd": {"algorithm": "FedDistill", "last": [0.952076], "best": [0.952076],
+           "rounds": [0.925573, 0.943565, 0.952076]},
+    "fedtgp": {"algorithm": "FedTGP", "last": [0.900954], "best": [0.900954],
+               "rounds": [0.408979, 0.464786, 0.900954]},
 }
 PEER["fedproto-during-training"] = PEER["fedproto"]
 
