@@ -21,7 +21,9 @@ global phi; the next round's clients add the same compressed average to the phi 
 A client whose copy is not the previous global phi (it missed a round, or its upload was
 refused) gets the whole phi instead, once; each download carries the versions it goes from and
 to, so a client out of step refuses it (and then gets the whole phi). Integer buffers travel as
-values. ``"weights"`` is HtFLlib's form: the mentee's weights themselves, compressed both ways.
+values. ``"weights"`` is HtFLlib's form: the mentee's weights themselves, compressed both ways
+(the server's average with the energy of the round that made it; nothing goes down in round 1,
+when every client holds the run's initial mentee).
 
 The codec (:func:`compress`, :func:`decompress`): each float tensor with at least 2 dimensions
 and a first dimension above 1 (a 4-D convolution flattened to out x in*k*k, PFLlib #265, not
@@ -183,7 +185,8 @@ class FedKDClient(TwoModelClient):
         self.threshold = energy(s, server_round, self.cfg.num_server_rounds)
         mine = state_arrays(self.shared)
         if s.compress == "weights":
-            load_arrays(self.shared, decompress(payload, mine))
+            if payload:  # else round 1: the run's initial mentee, which every client holds
+                load_arrays(self.shared, decompress(payload, mine))
             return
         held = int(self.context.state[HELD_KEY]["version"]) if HELD_KEY in self.context.state \
             else 0  # a client starts from the run's initial mentee, version 0
@@ -232,13 +235,11 @@ class FedKD(SharedModelStrategy):
         if client is None:
             return {}
         s = self.cfg.settings
-        # One dict per distinct download and round: encoded once, whoever it goes to.
         if s.compress == "weights":
-            key: tuple = ("weights", server_round, self.version)
-            if key not in self._sent:
-                self._sent = {key: compress(self.shared_model, self.threshold(server_round),
-                                            s.rank_rule)}
-            return self._sent[key]
+            # The average compressed when it was made; nothing before the first one: every
+            # client already holds the run's initial mentee, as HtFLlib's clients copy it.
+            return self.last_update
+        # One dict per distinct download and round: encoded once, whoever it goes to.
         held = self.holds.get(client.partition_id, 0)
         start = held if held in (self.version, self.version - 1) else -1  # -1: the whole phi
         key = (start, self.version)
@@ -258,10 +259,11 @@ class FedKD(SharedModelStrategy):
         s = self.cfg.settings
         received = [decompress(u.payload, self.shared_model) for u in uploads]
         average = weighted_average(received, self.average_weights(uploads))
-        if s.compress == "weights":
-            self.shared_model = average  # compressed when sent
-            return
+        # Compressed with this round's energy, as the clients' uploads were.
         self.last_update = compress(average, self.threshold(server_round), s.rank_rule)
+        if s.compress == "weights":
+            self.shared_model = decompress(self.last_update, self.shared_model)
+            return
         # The global mentee moves by exactly what its holders will add.
         self.shared_model = add_update(self.shared_model,
                                        decompress(self.last_update, self.shared_model))

@@ -13,6 +13,7 @@ from flwr.common import (Code, FitRes, Status, ndarrays_to_parameters,
 
 import fedapp.runtime.client_base as client_base
 import strategies.fedkd as fedkd
+from fedapp.runtime.aggregate import weighted_average
 from fedapp.runtime.payload import PayloadError, decode, encode, to_ndarrays, wire_size
 from fedapp.runtime.two_models import SHARED_STATE_KEY
 from strategies.fedkd import (FedKDSettings, compress, decompress, energy, fedkd_loss,
@@ -173,17 +174,27 @@ def test_the_adaptive_loss_by_hand():
         pytest.approx(htfl, rel=1e-6)
 
 
-def test_htfllibs_weights_mode_sends_the_compressed_mentee_itself():
+@pytest.mark.parametrize("rule", ["energy", "htfllib"])
+def test_htfllibs_weights_mode_sends_the_compressed_mentee_itself(rule):
     fed = InProcessFederation("fedkd", **small_smoke_overrides("fedkd"),
-                              **{"fedkd.compress": "weights"})
+                              **{"fedkd.compress": "weights", "fedkd.rank-rule": rule})
     initial = dict(fed.strategy.shared_model)
     seen = fed.fit_round(1)
-    sent = next(iter(seen.values()))[0]
-    # Freshly initialised weights need their full rank: they travel exactly, no versions.
-    assert sent.keys() == initial.keys()
-    assert all(np.array_equal(sent[k], initial[k]) for k in initial)
-    uploaded = decode(next(iter(seen.values()))[1].parameters)
-    assert all(not k.endswith(":U") or v.shape[1] > 0 for k, v in uploaded.items())
+    # Round 1: nothing goes down; every client trains the run's initial mentee (HtFLlib's
+    # clients copy the server's), not a compressed one (which HtFLlib's rank search would zero).
+    assert all(sent == {} for sent, _ in seen.values())
+    client = fed.client(0)
+    uploads = [decode(res.parameters) for _, res in seen.values()]
+    if rule == "energy":  # HtFLlib's search sends a matrix needing its full rank as zeros
+        assert all(not k.endswith(":U") or v.shape[1] > 0 for u in uploads for k, v in u.items())
+    # Round 2: the average of the uploads, compressed with round 1's energy, no versions.
+    weights = [float(res.num_examples) for _, res in seen.values()]  # average = "samples"
+    expected = compress(weighted_average([decompress(u, initial) for u in uploads], weights),
+                        energy(fed.strategy.cfg.settings, 1, fed.strategy.cfg.num_server_rounds),
+                        rule)
+    sent = fed.fit_round(2)[client.partition_id][0]
+    assert sent.keys() == expected.keys()
+    assert all(np.allclose(sent[k], expected[k], atol=1e-6) for k in expected)
 
 
 def test_same_seed_same_run():
