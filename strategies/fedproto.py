@@ -30,7 +30,7 @@ import re
 import numpy as np
 import torch
 
-from fedapp.runtime.class_stats import ClassSums, class_means, class_target_mse
+from fedapp.runtime.class_stats import ClassMeans, ClassSums, class_means, class_target_mse
 from fedapp.runtime.client_base import FedClient
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -56,10 +56,25 @@ class FedProtoClient(FedClient):
 
     seen: ClassSums | None = None  # prototypes = "during-training": this round's steps' sums
 
+    def during_training(self) -> bool:
+        """Whether the prototypes are the means over the round's training steps."""
+        return self.cfg.settings.prototypes == "during-training"
+
     def train(self, server_round: int):
-        during = self.cfg.settings.prototypes == "during-training"
-        self.seen = ClassSums(self.num_classes) if during else None
+        self.seen = ClassSums(self.num_classes) if self.during_training() else None
         return super().train(server_round)
+
+    def prototypes(self) -> ClassMeans:
+        """The client's class prototypes now: exact class means of its model, or (during
+        training) the means of what the round's steps computed, with the class's training
+        samples |D_kc| as counts all the same (a sample seen in several epochs is one sample)."""
+        if self.seen is None:
+            return class_means(self.model.features, self.model, self.data.train_x,
+                               self.data.train_y, self.num_classes)
+        protos = self.seen.means()
+        protos.counts = np.bincount(self.data.train_y.cpu().numpy(),
+                                    minlength=self.num_classes)[protos.labels]
+        return protos
 
     def receive(self, payload: Payload, server_round: int) -> None:
         self.global_prototypes, self.has_prototype = _prototype_table(
@@ -81,15 +96,7 @@ class FedProtoClient(FedClient):
         return loss
 
     def upload(self) -> Payload:
-        if self.seen is not None:
-            # Means over the round's training steps; the counts sent are the class's training
-            # samples |D_kc| all the same (a sample seen in several epochs is one sample).
-            protos = self.seen.means()
-            protos.counts = np.bincount(self.data.train_y.cpu().numpy(),
-                                        minlength=self.num_classes)[protos.labels]
-        else:
-            protos = class_means(self.model.features, self.model, self.data.train_x,
-                                 self.data.train_y, self.num_classes)
+        protos = self.prototypes()
         return {f"class-{c}/n-{n}": v for c, n, v in zip(protos.labels, protos.counts,
                                                           protos.means)}
 

@@ -33,7 +33,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedapp.runtime.class_stats import ClassMeans, class_means
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 from fedapp.runtime.training import TrainStats, one_thread
@@ -113,18 +112,17 @@ class FedTGPClient(FedProtoClient):
             self.global_prototypes = torch.from_numpy(payload["prototypes"]).to(self.device)
             self.has_prototype[:] = True
 
-    def _prototypes(self) -> ClassMeans:
-        return class_means(self.model.features, self.model, self.data.train_x,
-                           self.data.train_y, self.num_classes)
+    def during_training(self) -> bool:
+        return False  # exact class means, after training or (code parity) before it
 
     def train(self, server_round: int) -> TrainStats:
         if self.cfg.settings.pre_training_prototypes:
-            self.before_training = self._prototypes()
+            self.before_training = self.prototypes()
         return super().train(server_round)
 
     def upload(self) -> Payload:
         protos = getattr(self, "before_training", None)
-        protos = protos if protos is not None else self._prototypes()
+        protos = protos if protos is not None else self.prototypes()
         return {"prototypes": protos.means, "labels": protos.labels}
 
 
