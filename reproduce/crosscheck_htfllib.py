@@ -136,6 +136,8 @@ PEER: dict[str, dict[str, Any]] = {
            "rounds": [0.925573, 0.943565, 0.952076]},
     "fedtgp": {"algorithm": "FedTGP", "last": [0.900954], "best": [0.900954],
                "rounds": [0.408979, 0.464786, 0.900954]},
+    "fedmrl": {"algorithm": "FedMRL", "last": [0.921574], "best": [0.921574],
+               "rounds": [0.888330, 0.886560, 0.921574]},
 }
 PEER["fedproto-during-training"] = PEER["fedproto"]
 
