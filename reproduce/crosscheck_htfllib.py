@@ -138,6 +138,8 @@ PEER: dict[str, dict[str, Any]] = {
                "rounds": [0.408979, 0.464786, 0.900954]},
     "fedmrl": {"algorithm": "FedMRL", "last": [0.921574], "best": [0.921574],
                "rounds": [0.888330, 0.886560, 0.921574]},
+    "fml": {"algorithm": "FML", "last": [0.950306], "best": [0.950306],
+            "rounds": [0.925630, 0.943337, 0.950306]},
 }
 PEER["fedproto-during-training"] = PEER["fedproto"]
 
