@@ -182,19 +182,30 @@ def main() -> None:
                         help=f"rounds (default {ROUNDS}, the peer's run; another count "
                         "leaves its columns out)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--existing", action="store_true",
+                        help="run nothing: tabulate the runs already made, each method at those "
+                        "of --seeds it has (a method with none is left out of the table)")
     args = parser.parse_args()
     data_dir = args.data_dir.resolve()
     if not (data_dir / "config.json").exists():
         raise SystemExit(f"{data_dir} has no config.json: give the folder PFLlib's generator "
                          "wrote (docs/crosscheck.md says how to make it)")
 
-    rows, curves = [], []
+    rows, curves, left_out = [], [], []
     for method in args.methods:
         name = f"{method}-{args.rounds}-rounds"
-        run_seeds(None, {**WORK, "num-server-rounds": args.rounds, "data-dir": str(data_dir),
-                         "method": method, **METHODS[method]}, name, args.seeds,
-                  args.out.resolve())
-        dirs = [args.out.resolve() / f"{name}-seed{s}" for s in args.seeds]
+        seeds = args.seeds
+        if args.existing:
+            seeds = [s for s in seeds
+                     if (args.out.resolve() / f"{name}-seed{s}" / "summary.json").exists()]
+            if not seeds:
+                left_out.append(method)
+                continue
+        else:
+            run_seeds(None, {**WORK, "num-server-rounds": args.rounds,
+                             "data-dir": str(data_dir), "method": method, **METHODS[method]},
+                      name, seeds, args.out.resolve())
+        dirs = [args.out.resolve() / f"{name}-seed{s}" for s in seeds]
         ours = [measures(d, None) for d in dirs]
         variant, why = VARIANT.get(method, (None, ""))
         as_peer = [measures(d, variant) for d in dirs] if variant else ours
@@ -202,10 +213,12 @@ def main() -> None:
         peer_last = peer["last"] if peer else []
         p_mean, p_std = mean_std(peer_last) if peer_last else (float("nan"), float("nan"))
         o_mean, o_std = mean_std([m["pooled"] for m in as_peer])
+        spread = (f"{max(p_std, o_std):.4f}" if len(peer_last) > 1 or len(seeds) > 1
+                  else "—")
         rows.append(
-            f"| {method} | {cell(peer_last) if peer else '—'} "
+            f"| {method} | {' '.join(map(str, seeds))} | {cell(peer_last) if peer else '—'} "
             f"| {cell([m['pooled'] for m in as_peer])}{' (' + variant + ')' if variant else ''} "
-            f"| {o_mean - p_mean:+.4f} | {max(p_std, o_std):.4f} "
+            f"| {f'{o_mean - p_mean:+.4f}' if peer else '—'} | {spread} "
             f"| {cell(peer['best']) if peer else '—'} | {cell([m['best'] for m in as_peer])} "
             f"| {cell([m['pooled'] for m in ours])} | {cell([m['mean'] for m in ours])} |")
         ours_curve = np.mean([m["rounds"] for m in as_peer], axis=0)
@@ -220,16 +233,19 @@ def main() -> None:
         f"Produced by `.venv/bin/python {SCRIPT} --data-dir <the generator's folder>"
         + ("" if args.seeds == [0, 1, 2] else f" --seeds {seeds}")
         + ("" if args.rounds == ROUNDS else f" --rounds {args.rounds}")
-        + f"` (ours, seeds {seeds}); the peer's columns are taken from HtFLlib's logs "
+        + (" --existing" if args.existing else "")
+        + f"` (ours at the seeds of the column \"our seeds\"); the peer's columns are taken "
+        "from HtFLlib's logs "
         "(below). Test accuracy after the last of "
         f"{args.rounds} rounds, mean ± std over our seeds and over the peer's runs (one per "
         "method where a run repeats itself: see below); pooled = correct over all clients' test "
         "samples, as HtFLlib computes it; in brackets the variant of ours measured as HtFLlib "
         "measures.", "",
-        "| method | HtFLlib, last round | ours, as HtFLlib measures | difference | larger "
-        "seed std | HtFLlib, best round | ours, best round | ours, headline pooled | "
+        "| method | our seeds | HtFLlib, last round | ours, as HtFLlib measures | difference | "
+        "larger seed std | HtFLlib, best round | ours, best round | ours, headline pooled | "
         "ours, per-client mean |",
-        "|---|---|---|---|---|---|---|---|---|", *rows, "",
+        "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+        *([f"Not run here yet: {', '.join(left_out)}.", ""] if left_out else []),
         "After each round, HtFLlib (its first run) / ours (mean over our seeds), measured as "
         "HtFLlib measures:", "",
         "| method | " + " | ".join(f"round {r}" for r in range(1, args.rounds + 1)) + " |",
