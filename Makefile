@@ -1,5 +1,5 @@
 # The README's commands. Each target sets itself up first (scripts/setup.sh is idempotent).
-.PHONY: setup demo test test-all bench reproduce
+.PHONY: setup demo test test-long test-all bench reproduce
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION = 1
 export FLWR_DISABLE_UPDATE_CHECK = 1
 export FLWR_TELEMETRY_ENABLED = 0
@@ -11,9 +11,16 @@ setup:
 demo: setup
 	.venv/bin/fedapp run
 
-# The fast suite (unit tests + one real `flwr run` smoke run).
+# The fast suite: unit tests and real `flwr run` simulations (under 10 minutes on 2 cores).
 test: setup
-	.venv/bin/python -m pytest -q --durations=15
+	.venv/bin/python -m pytest -q -m "not long" --durations=15
+
+# The loopback deployments (TLS, authenticated SuperNodes, a SuperLink killed and resumed) and
+# a Ray cluster: minutes each. CI runs both targets.
+test-long: setup
+	.venv/bin/python -m pytest -q -m long --durations=5
+
+test-all: test test-long
 
 bench: setup
 	.venv/bin/python benchmarks/runtime_overhead.py

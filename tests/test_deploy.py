@@ -88,6 +88,7 @@ def spawn(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_tls_deployment_with_authenticated_supernodes(tmp_path, spawn):
     began = time.monotonic()
     d = ["--dir", str(tmp_path / "deployment")]
@@ -182,6 +183,7 @@ def _outcome(run_dir: Path) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_superlink_killed_mid_run_resumes_on_the_same_database(tmp_path, spawn):
     # A run with a checkpoint every round; its SuperLink, with the SuperExec and the ServerApp
     # it runs (what a crash of the SuperLink's machine takes down), SIGKILLed after the round-1

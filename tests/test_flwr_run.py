@@ -104,6 +104,7 @@ def test_bad_setting_is_refused_before_anything_starts():
         assert name in proc.stderr
 
 
+@pytest.mark.long
 def test_a_failed_run_exits_non_zero_even_in_a_sweep_whose_other_run_completes(tmp_path):
     # lr=1e30 makes every client's head NaN; the strategy rejects all uploads, and with
     # max-empty-rounds = 1 that one empty round stops the run: the ServerApp raises and says
@@ -200,6 +201,7 @@ def _process_groups_under(root: int) -> set[int]:
     return groups
 
 
+@pytest.mark.long
 def test_one_seed_one_result_even_across_a_kill_and_resume(smoke_run, tmp_path):
     # The smoke run again, with the same seed, SIGKILLed (its whole process tree) after its
     # round-2 checkpoint and resumed: every round's per-client accuracies and traffic, and the

@@ -125,6 +125,7 @@ def _fedapp(*args, env=None):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_simulation_on_a_running_ray_cluster_equals_one_on_a_private_instance(tmp_path):
     head = RayHead()
     try:
