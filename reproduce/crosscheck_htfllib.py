@@ -140,6 +140,8 @@ PEER: dict[str, dict[str, Any]] = {
                "rounds": [0.888330, 0.886560, 0.921574]},
     "fml": {"algorithm": "FML", "last": [0.950306], "best": [0.950306],
             "rounds": [0.925630, 0.943337, 0.950306]},
+    "fedgen": {"algorithm": "FedGen", "last": [0.946878], "best": [0.946878],
+               "rounds": [0.918547, 0.936997, 0.946878]},
 }
 PEER["fedproto-during-training"] = PEER["fedproto"]
 
