@@ -142,6 +142,9 @@ PEER: dict[str, dict[str, Any]] = {
             "rounds": [0.925630, 0.943337, 0.950306]},
     "fedgen": {"algorithm": "FedGen", "last": [0.946878], "best": [0.946878],
                "rounds": [0.918547, 0.936997, 0.946878]},
+    # At e959261 with HCNNs8 put back (docs/crosscheck.md); the others at 728e52a.
+    "fedl2g": {"algorithm": "FedL2G-feat", "last": [0.950191], "best": [0.950191],
+               "rounds": [0.922888, 0.942652, 0.950191]},
 }
 PEER["fedproto-during-training"] = PEER["fedproto"]
 
