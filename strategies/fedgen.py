@@ -35,7 +35,8 @@ per-label weights n_k^y / sum_j n_j^y; HtFLlib one weight n_k / sum n per client
 ``diversity`` (the paper's diversity regulariser, weight 1 in the authors' code; HtFLlib 0) and
 ``client-weight`` / ``client-weight-decay`` (the authors' alpha_t = max(1e-4, 10 * 0.98^t);
 HtFLlib 1, constant) and ``keep-generator`` (HtFLlib's server trains a copy of its initial G
-each round and discards it, so its clients only ever see the untrained G). docs/fedgen.md lists the settings that reproduce HtFLlib.
+each round and discards it, so its clients only ever see the untrained G). docs/fedgen.md
+lists the settings that reproduce HtFLlib.
 """
 
 from __future__ import annotations

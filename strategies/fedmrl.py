@@ -6,8 +6,7 @@ Client i holds its private model (extractor f_i with output d, head h_i = Linear
 of the shared model psi (extractor g with output s, head h_psi = Linear(s, C); one architecture
 for everyone, built with feature-dim and its output average-pooled to s as HtFLlib builds it,
 ``fedmrl.shared-reduce``; ``fedapp.runtime.two_models``) and a private projector
-P_i = Linear(s + d, d). On
-each batch
+P_i = Linear(s + d, d). On each batch
 
     r = P_i [g(x); f_i(x)]                       (the shared part first)
     L = CE(h_i(r), y) + CE(h_psi(r[:s]), y)      (one backward pass)
