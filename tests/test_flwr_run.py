@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedapp.cli.flower import LocalSuperLink, group_members, run_status
+from fedapp.cli.flower import LocalSuperLink, flower_env, group_members, run_status
 from fedapp.cli.run import toml_value
 from fedapp.config import PROJECT_ROOT, read_preset
 
@@ -95,6 +95,14 @@ def test_smoke_run_writes_results_with_exact_traffic(smoke_run):
     assert (run / "checkpoint" / "server.pkl").is_file()
     assert {p.name for p in (run / "client-state").iterdir()} == {
         "partition-0", "partition-1", "partition-2"}
+
+
+def test_ray_workers_run_at_the_simulations_priority_unless_the_user_says(monkeypatch):
+    # Ray's default (15) starved the virtual clients' threads beside the polling processes.
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    assert flower_env(Path("home"))["RAY_worker_niceness"] == "0"
+    monkeypatch.setenv("RAY_worker_niceness", "5")
+    assert flower_env(Path("home"))["RAY_worker_niceness"] == "5"
 
 
 def test_bad_setting_is_refused_before_anything_starts():

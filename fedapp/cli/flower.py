@@ -37,13 +37,20 @@ def _free_port() -> int:
 def flower_env(flwr_home: Path, **extra: str) -> dict[str, str]:
     """The environment every Flower process of ours gets: a private ``FLWR_HOME``, no runtime
     dependency installation (it would download ~5.5 GB per run), no update check or
-    telemetry, and this venv's ``bin`` first on PATH (Flower spawns ``flower-superexec`` by
-    name)."""
+    telemetry, this venv's ``bin`` first on PATH (Flower spawns ``flower-superexec`` by
+    name), and Ray's workers at the simulation's own priority.
+
+    Ray starts its workers (the virtual clients' actors) at nice 15 (``RAY_worker_niceness``).
+    Beside them the simulation's own processes run at nice 0 and are never idle (the engine
+    and the SuperLink poll), so on a machine with few cores the clients' torch threads got a
+    sliver of a core whenever one of those woke, and a training step waits for its slowest
+    thread. A user's own ``RAY_worker_niceness`` is kept."""
     return {**os.environ,
             "FLWR_HOME": str(flwr_home),
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
             "FLWR_DISABLE_UPDATE_CHECK": "1",
             "FLWR_TELEMETRY_ENABLED": "0",
+            "RAY_worker_niceness": os.environ.get("RAY_worker_niceness", "0"),
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             **extra}
 
