@@ -248,7 +248,16 @@ def cmd_supernode(args: argparse.Namespace) -> int:
         cmd += ["--max-retries", str(args.max_retries)]
     # Each SuperNode installs the apps it runs in its own FLWR_HOME, so that several nodes on
     # one machine never write the same folder.
-    return _exec(cmd, flower_env(args.dir / "nodes" / Path(args.key).stem))
+    env = flower_env(args.dir / "nodes" / Path(args.key).stem)
+    if args.clientapp == "forked":
+        # Flower's SuperExec would start a fresh interpreter per message; ours forks a warm one
+        # (fedapp/cli/warm_superexec.py). It watches this PID, which exec gives the SuperNode,
+        # and stops with it; in the same process group, a Ctrl-C stops both at once.
+        cmd += ["--isolation", "process"]
+        subprocess.Popen([sys.executable, "-m", "fedapp.cli.warm_superexec", "--insecure",
+                          "--runtime-api-address", f"127.0.0.1:{args.port}",
+                          "--parent-pid", str(os.getpid())], env=env)
+    return _exec(cmd, env)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -347,6 +356,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "data-dir=\"/srv/data\" and device=\"cuda:0\"")
     p.add_argument("--max-retries", type=int,
                    help="give up after this many failed connection attempts (default: never)")
+    p.add_argument("--clientapp", choices=("forked", "fresh"), default="forked",
+                   help="how each message's ClientApp process starts: forked from a process "
+                        "that has imported torch and Flower once (default), or a fresh "
+                        "interpreter per message, as Flower's own SuperExec does")
 
     p = step("run", cmd_run, "submit an experiment to the SuperLink and follow it")
     run_settings(p)

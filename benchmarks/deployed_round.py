@@ -1,0 +1,111 @@
+"""What does a round cost deployed, beside the same round simulated?
+
+Starts a loopback deployment (``fedapp deploy``: TLS, two authenticated SuperNodes on this
+machine), runs the same experiment on it with each way of starting the ClientApp process
+(``--clientapp forked``: forked from a process that imported torch and Flower once, the default;
+``fresh``: a new interpreter per message, as Flower's own SuperExec does), then runs it in
+simulation (``fedapp run``), and prints each variant's round 1 and mean later round from the
+run's ``rounds.jsonl``. Every process it starts is stopped when it ends.
+
+    .venv/bin/python benchmarks/deployed_round.py                       # LG-FedAvg, 4 rounds
+    .venv/bin/python benchmarks/deployed_round.py --method fedproto --rounds 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fedapp.cli.flower import _free_port, stop_process_group, wait_for_port  # noqa: E402
+
+FEDAPP = [sys.executable, "-m", "fedapp.cli.main"]
+
+
+def fedapp(*args: str, log: Path | None = None, wait: bool = True):
+    """``fedapp ARGS``: waited for (its output into ``log``), or started in its own group."""
+    out = open(log, "w") if log else subprocess.DEVNULL
+    if wait:
+        proc = subprocess.run([*FEDAPP, *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        if proc.returncode != 0:
+            raise SystemExit(f"fedapp {' '.join(args)} failed" + (f"; see {log}" if log else ""))
+        return proc
+    return subprocess.Popen([*FEDAPP, *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def rounds(run_dir: Path) -> tuple[float, float]:
+    """(round 1 seconds, mean seconds of the later rounds)."""
+    seconds = [json.loads(line)["seconds"]
+               for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    later = seconds[1:] or seconds
+    return seconds[0], sum(later) / len(later)
+
+
+def deployed(tmp: Path, clientapp: str, settings: list[str]) -> tuple[float, float]:
+    # A deployment folder each: a SuperLink keeps its registered nodes in its database.
+    d = ["--dir", str(tmp / f"deployment-{clientapp}")]
+    fedapp("deploy", "certs", *d)
+    fedapp("deploy", "node-key", "site0", "site1", *d)
+    started = []
+    try:
+        port = _free_port()
+        link = fedapp("deploy", "superlink", "--port", str(port), *d,
+                      log=tmp / f"superlink-{clientapp}.log", wait=False)
+        started.append(link)
+        wait_for_port(link, port, "the SuperLink", tmp / f"superlink-{clientapp}.log")
+        fedapp("deploy", "connect", f"127.0.0.1:{port}", *d)
+        keys = tmp / f"deployment-{clientapp}" / "keys"
+        fedapp("deploy", "register", str(keys / "site0.pub"), str(keys / "site1.pub"), *d)
+        for k in (0, 1):
+            started.append(fedapp(
+                "deploy", "supernode", "--superlink", f"127.0.0.1:{port}",
+                "--key", str(keys / f"site{k}.key"), "--port", str(_free_port()),
+                "--node-config", f"partition-id={k} num-partitions=2",
+                "--clientapp", clientapp, *d, log=tmp / f"site{k}-{clientapp}.log", wait=False))
+        name = f"deployed-{clientapp}"
+        fedapp("deploy", "run", *settings, "--set", f'run-name="{name}"',
+               "--output-dir", str(tmp / "results"), *d, log=tmp / f"{name}.log")
+        return rounds(tmp / "results" / name)
+    finally:
+        for proc in reversed(started):
+            stop_process_group(proc)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--method", default="lg-fedavg")
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args()
+    os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+    # The smoke preset (synthetic data), two clients of the two smallest CNNs.
+    settings = ["smoke", "--set", f'method="{args.method}"', "--set", "num-clients=2",
+                "--set", 'arch-mix="cnn5,cnn4"', "--set", f"num-server-rounds={args.rounds}"]
+    tmp = Path(tempfile.mkdtemp(prefix="fedapp-deployed-round-"))
+    load = os.getloadavg()[0]
+    results = {}
+    for clientapp in ("forked", "fresh"):
+        start = time.perf_counter()
+        results[f"deployed, ClientApp {clientapp}"] = (*deployed(tmp, clientapp, settings),
+                                                       time.perf_counter() - start)
+    start = time.perf_counter()
+    fedapp("run", *settings, "--set", 'run-name="simulated"', "--output-dir",
+           str(tmp / "results"), log=tmp / "simulated.log")
+    results["simulation"] = (*rounds(tmp / "results" / "simulated"), time.perf_counter() - start)
+    print(f"\n{args.method}, smoke preset, 2 clients, {args.rounds} rounds; load average "
+          f"{load:.2f} before the first run; logs in {tmp}\n")
+    print("| variant | round 1 s | later rounds s (mean) | end to end s |\n|---|---|---|---|")
+    for label, (first, later, total) in results.items():
+        print(f"| {label} | {first:.1f} | {later:.1f} | {total:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

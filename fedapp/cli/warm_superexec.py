@@ -1,0 +1,189 @@
+"""A SuperExec whose ClientApp processes start warm: ``flower-superexec`` with a forking executor.
+
+A SuperNode hands every message it receives to a ClientApp process that it does not run itself:
+a SuperExec asks the node's Runtime API for work and starts the process. Flower 1.41's SuperExec
+starts a fresh ``flwr-clientapp`` interpreter for every message (its subprocess executor), which
+then imports torch, torchvision, Flower and the data libraries before it reads the message: 5 to
+10 seconds on a 2-core machine, more than a small method's whole local training. Flower's
+other executor, Kubernetes, keeps warm *pods*, not processes.
+
+This module runs Flower's own SuperExec (its argument parsing, its polling loop, its task
+handling) with one difference: the executor. :class:`ForkExecutor` imports the heavy libraries
+once, in this process, and forks a child per message; the child runs Flower's own
+``run_clientapp`` (what ``flwr-clientapp --token`` runs) and exits. A message therefore costs a
+``fork`` instead of an interpreter start. Nothing of the app is imported before the fork: the
+child loads the ClientApp from the run's FAB as ``flwr-clientapp`` does, so a new FAB version
+is picked up by the next message. Torch is imported but never run in this process, so its
+thread pools are created in each child after the fork (forking a process whose OpenMP pool
+exists is what breaks).
+
+It also polls for work every 0.05 s instead of Flower's 1 s (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``,
+which still wins when set). Other Flower releases keep Flower's subprocess executor: the executor
+interface and ``run_clientapp``'s signature are 1.41's.
+
+``fedapp deploy supernode`` starts it beside ``flower-supernode --isolation process``; by hand::
+
+    flower-supernode --isolation process --port 9094 ...
+    python -m fedapp.cli.warm_superexec --insecure --runtime-api-address 127.0.0.1:9094 \
+        --parent-pid <the SuperNode's pid>
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import traceback
+from typing import Callable
+
+VERSION = "1.41.0"  # the Flower release whose executor interface this one implements
+POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+POLL_SECONDS = "0.05"
+# What a ClientApp of this project imports that costs seconds; each is imported if installed.
+PRELOAD = ("numpy", "torch", "torchvision", "datasets", "flwr_datasets", "flwr.clientapp",
+           "flwr.supernode.runtime.run_clientapp")
+
+
+def preload(names=PRELOAD) -> list[str]:
+    """Import the heavy libraries a ClientApp needs; the names imported."""
+    done = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+        done.append(name)
+    return done
+
+
+def _run_clientapp(spec) -> None:
+    """What ``flwr-clientapp --token ...`` runs for ``spec`` (flwr 1.41)."""
+    from flwr.supercore.tls import validate_and_resolve_root_certificates
+    from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+    run_clientapp(
+        runtime_api_address=spec.runtime_api_address,
+        token=spec.token,
+        insecure=spec.insecure,
+        certificates=validate_and_resolve_root_certificates(spec.root_certificates_path,
+                                                            spec.insecure),
+        parent_pid=spec.parent_pid,
+        runtime_dependency_install=spec.runtime_dependency_install,
+    )
+
+
+class ForkExecutor:
+    """Flower 1.41's executor interface; a ClientApp task runs in a child forked from here.
+
+    Other task types (a SuperNode only ever asks for ClientApps) go to Flower's subprocess
+    executor. ``target(spec)`` is what the child runs (``run_clientapp`` unless a test says
+    otherwise); its exit status is the child's."""
+
+    def __init__(self, target: Callable = _run_clientapp):
+        from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
+
+        self.target = target
+        self.fallback = SubprocessExecutor()
+        self.children: dict[int, str] = {}  # pid -> task id, until reaped
+        self.exit_codes: dict[str, int] = {}  # task id -> exit status of its child
+
+    def get_eligible_capacity(self, supported_task_types, *, insecure=False,
+                              root_certificates_path=None):
+        return self.fallback.get_eligible_capacity(
+            supported_task_types, insecure=insecure,
+            root_certificates_path=root_certificates_path)
+
+    def wait_for_capacity(self, task_type=None, *, fab_hash=None, insecure=False,
+                          root_certificates_path=None) -> None:
+        """Forking has no capacity gate."""
+
+    def launch(self, spec):
+        from flwr.supercore.constant import TaskType
+        from flwr.supercore.superexec.executor.types import LaunchResult
+
+        if spec.task_type != TaskType.CLIENT_APP:
+            return self.fallback.launch(spec)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: become the ClientApp, never return into the SuperExec loop
+            code = 1
+            try:
+                # The SuperExec's handlers close *its* connections; the child's are its own.
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                if spec.suppress_output:
+                    devnull = os.open(os.devnull, os.O_WRONLY)
+                    os.dup2(devnull, 1)
+                    os.dup2(devnull, 2)
+                self.target(spec)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except BaseException:  # noqa: BLE001 - report it and exit non-zero
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        self.children[pid] = str(spec.task_id)
+        return LaunchResult.accepted()
+
+    def reconcile(self) -> None:
+        """Reap the children that have exited (called by the SuperExec loop each poll)."""
+        for pid in list(self.children):
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done, status = pid, 0
+            if done:
+                self.exit_codes[self.children.pop(pid)] = os.waitstatus_to_exitcode(status)
+
+    def close(self) -> None:
+        """Stop the children still running (their SuperNode is going away) and reap them."""
+        for pid in list(self.children):
+            try:
+                os.kill(pid, signal.SIGTERM)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+            self.children.pop(pid, None)
+
+
+def install() -> bool:
+    """Make Flower's SuperExec in this process use :class:`ForkExecutor` for the subprocess
+    executor type, on the Flower release it was written for only. Returns whether it did."""
+    import flwr
+    from flwr.supercore.constant import ExecutorType
+    from flwr.supercore.superexec import run_superexec
+
+    if flwr.__version__ != VERSION:
+        return False
+    flower_get_executor = run_superexec.get_executor
+
+    def get_executor(executor_type, executor_config=None, **kwargs):
+        if executor_type == ExecutorType.SUBPROCESS:
+            return ForkExecutor()
+        return flower_get_executor(executor_type, executor_config, **kwargs)
+
+    run_superexec.get_executor = get_executor
+    return True
+
+
+def main() -> None:
+    os.environ.setdefault(POLL_ENV, POLL_SECONDS)
+    if install():
+        preload()
+    else:
+        import flwr
+        print(f"fedapp: flwr {flwr.__version__} is not {VERSION}; its own SuperExec starts "
+              "a fresh ClientApp process for each message", file=sys.stderr, flush=True)
+    from flwr.supercore.cli import flower_superexec
+
+    sys.argv[0] = "flower-superexec"
+    flower_superexec()
+
+
+if __name__ == "__main__":
+    main()
