@@ -121,8 +121,8 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path, spawn):
 
     def deployed_run(name: str, *settings: str) -> tuple[str, dict]:
         """``fedapp deploy run`` of the smoke preset, one round: in deployment every message
-        starts a flwr-clientapp process (seconds each); what crosses rounds is tested in
-        simulation. Its stdout and summary, once the exit status and the SuperLink's own
+        runs in a ClientApp process of its own (forked by the SuperNode's warm SuperExec);
+        what crosses rounds is tested in simulation. Its stdout and summary, once the exit status and the SuperLink's own
         word on the run (the exit status already depends on it) say it completed."""
         proc = subprocess.run([*FEDAPP, "deploy", "run", "smoke", *RUN_SETTINGS, *settings,
                                "--set", "num-server-rounds=1", "--set", f'run-name="{name}"',

@@ -41,7 +41,9 @@ VERSION = "1.41.0"  # the Flower release whose executor interface this one imple
 POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 POLL_SECONDS = "0.05"
 # What a ClientApp of this project imports that costs seconds; each is imported if installed.
-PRELOAD = ("numpy", "torch", "torchvision", "datasets", "flwr_datasets", "flwr.clientapp",
+# torch._dynamo (with sympy) is what torch imports at the first optimizer step.
+PRELOAD = ("numpy", "torch", "torch._dynamo", "torch.optim", "torchvision", "datasets",
+           "flwr_datasets", "flwr.client", "flwr.clientapp", "flwr.server",
            "flwr.supernode.runtime.run_clientapp")
 
 
