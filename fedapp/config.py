@@ -93,6 +93,11 @@ class RunConfig:
     feature_dim: int = _opt(500, "shared representation dimension d (0 = each model's own)",
                             low=0)
     model_width: float = _opt(1.0, "channel width multiplier", low=0.0, low_open=True)
+    model_init: str = _opt(
+        "per-client", "the private models' initial weights: 'per-client' = a draw of each "
+        "client's own, 'per-architecture' = one draw per architecture, shared by its clients "
+        "(HtFLlib re-seeds torch with the same seed in every client's constructor)",
+        choices=("per-client", "per-architecture"))
     # -- local training (the recipe: a method's own values replace these defaults for every
     #    key the run does not set, see RECIPE_KEYS and docs/recipes.md)
     local_epochs: int = _opt(1, "local epochs per round (when local-steps = 0)", low=1)

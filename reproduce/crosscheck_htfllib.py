@@ -106,6 +106,13 @@ METHODS: dict[str, dict[str, Any]] = {
                "fedl2g.study-batches": 1, "fedl2g.quiz-batches": 1, "fedl2g.quiz-set": "first",
                "fedl2g.server-lr": 0.01, "grad-clip": 100.0},
 }
+# FedProto (HtFLlib's prototypes) and FedTGP again with HtFLlib's initial weights: it re-seeds
+# torch with the same seed in every client's constructor (clientbase.py:20), so the clients of
+# an architecture start alike.
+METHODS["fedproto-shared-init"] = {**METHODS["fedproto-during-training"],
+                                   "model-init": "per-architecture"}
+METHODS["fedtgp-shared-init"] = {"method": "fedtgp", **METHODS["fedtgp"],
+                                 "model-init": "per-architecture"}
 # Where HtFLlib measures something else than our headline, the variant that measures what it
 # measures (our headline is kept in the last two columns).
 VARIANT: dict[str, tuple[str, str]] = {
@@ -114,7 +121,7 @@ VARIANT: dict[str, tuple[str, str]] = {
     "fedgh": ("global-header", "HtFLlib tests each client with the global header installed"),
     "fedproto": ("nearest-prototype", "HtFLlib predicts the nearest global prototype"),
 }
-VARIANT["fedproto-during-training"] = VARIANT["fedproto"]
+VARIANT["fedproto-during-training"] = VARIANT["fedproto-shared-init"] = VARIANT["fedproto"]
 
 # The peer's side, from its logs (docs/crosscheck.md has its commit and commands): per method,
 # HtFLlib's algorithm and, per run, its test accuracy (pooled; full precision from its
@@ -136,6 +143,8 @@ PEER: dict[str, dict[str, Any]] = {
            "rounds": [0.925573, 0.943565, 0.952076]},
     "fedtgp": {"algorithm": "FedTGP", "last": [0.900954], "best": [0.900954],
                "rounds": [0.408979, 0.464786, 0.900954]},
+    "fedkd": {"algorithm": "FedKD", "last": [0.949106], "best": [0.949106],
+              "rounds": [0.921574, 0.941966, 0.949106]},
     "fedmrl": {"algorithm": "FedMRL", "last": [0.921574], "best": [0.921574],
                "rounds": [0.888330, 0.886560, 0.921574]},
     "fml": {"algorithm": "FML", "last": [0.950306], "best": [0.950306],
@@ -146,7 +155,8 @@ PEER: dict[str, dict[str, Any]] = {
     "fedl2g": {"algorithm": "FedL2G-feat", "last": [0.950191], "best": [0.950191],
                "rounds": [0.922888, 0.942652, 0.950191]},
 }
-PEER["fedproto-during-training"] = PEER["fedproto"]
+PEER["fedproto-during-training"] = PEER["fedproto-shared-init"] = PEER["fedproto"]
+PEER["fedtgp-shared-init"] = PEER["fedtgp"]
 
 
 def pooled(per_client: Mapping[str, float], test_sizes: Mapping[str, int]) -> float:

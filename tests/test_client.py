@@ -37,6 +37,16 @@ def test_private_model_survives_the_client_object_and_the_process_cache():
     assert set(from_ndarrays(arrays)) == {"head.weight", "head.bias"}
 
 
+@pytest.mark.parametrize("init", ["per-client", "per-architecture"])
+def test_model_init_per_client_or_shared_by_the_clients_of_an_architecture(init):
+    # Clients 0 and 3 of four get cnn5 (round-robin over three architectures).
+    client_base._MODEL_CACHE.clear()
+    weights = [client("lg-fedavg", context(pid, 4), num_clients=4, model_init=init)
+               .model.state_dict()["head.weight"] for pid in (0, 3, 1)]
+    assert torch.equal(weights[0], weights[1]) == (init == "per-architecture")
+    assert weights[2].shape != weights[0].shape or not torch.equal(weights[2], weights[0])
+
+
 def test_same_seed_same_result_whatever_the_order():
     def run(order):
         client_base._MODEL_CACHE.clear()
