@@ -243,6 +243,9 @@ class RunConfig:
     # -- runtime
     client_num_cpus: int = _opt(1, "simulation: CPUs reserved per virtual client", low=1)
     client_num_gpus: float = _opt(0.0, "simulation: GPU fraction per virtual client", low=0.0)
+    deterministic: bool = _opt(
+        True, "on a GPU, deterministic kernels, so that one seed gives one result there as on "
+        "the CPU (slower); false lets cuDNN pick its fastest, run-to-run varying, kernels")
     wait_for_clients_seconds: int = _opt(300, "how long the server waits for num-clients",
                                          low=1)
     output_dir: str = _opt("", "absolute results directory ('' = ~/fedapp-results)")

@@ -92,16 +92,20 @@ def test_the_device_a_client_picks(monkeypatch):
         pick_device("cuda:1")
 
 
-def test_a_clients_device_comes_from_its_node_config(monkeypatch):
+def _fedavg_client(node_config, **settings):
     from flwr.app import Context, RecordDict
     from strategies import METHODS
-    cfg = cfg_of(method="fedavg", dataset="synthetic", num_clients=2, arch_mix="cnn5")
+    cfg = cfg_of(method="fedavg", dataset="synthetic", num_clients=2, arch_mix="cnn5",
+                 **settings)
+    context = Context(run_id=1, node_id=0, state=RecordDict(), run_config={},
+                      node_config={"partition-id": 0, "num-partitions": 2, **node_config})
+    return METHODS["fedavg"].client(context, cfg)
 
-    def client(node_config):
-        context = Context(run_id=1, node_id=0, state=RecordDict(), run_config={},
-                          node_config={"partition-id": 0, "num-partitions": 2, **node_config})
-        return METHODS["fedavg"].client(context, cfg)
 
+def test_a_clients_device_comes_from_its_node_config(monkeypatch):
+    import fedapp.runtime.client_base as client_base
+    monkeypatch.setattr(client_base, "deterministic_cuda", lambda: None)  # no real GPU here
+    client = _fedavg_client
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert client({}).device == torch.device("cuda")
@@ -112,6 +116,37 @@ def test_a_clients_device_comes_from_its_node_config(monkeypatch):
     assert client({}).device == torch.device("cpu")
     with pytest.raises(ValueError, match="sees 0 CUDA device"):
         client({"device": "cuda:0"})
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_a_gpu_client_asks_for_deterministic_kernels_unless_told_not_to(monkeypatch,
+                                                                         deterministic):
+    # On a GPU one seed gave results differing by ~1e-7 run to run (cuDNN's timed choice of
+    # algorithm, reductions in varying order); the CPU never needs it.
+    import fedapp.runtime.client_base as client_base
+    calls = []
+    monkeypatch.setattr(client_base, "deterministic_cuda", lambda: calls.append(1))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    _fedavg_client({}, deterministic=deterministic)
+    _fedavg_client({"device": "cpu"}, deterministic=deterministic)
+    assert calls == ([1] if deterministic else [])
+
+
+def test_deterministic_cuda_settings(monkeypatch):
+    from fedapp.runtime.training import deterministic_cuda
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)  # restored afterwards
+    was = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
+           torch.are_deterministic_algorithms_enabled(),
+           torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        deterministic_cuda()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert not torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = was[:2]
+        torch.use_deterministic_algorithms(was[2], warn_only=was[3])
 
 
 @pytest.mark.slow

@@ -32,8 +32,8 @@ from fedapp.data.partitions import ClientData, load_client_data
 from fedapp.runtime import checkpoint
 from fedapp.runtime.payload import Payload, from_ndarrays, to_ndarrays
 from fedapp.runtime.speeds import has_stragglers, update_duration
-from fedapp.runtime.training import (TrainStats, evaluate, pick_device, recipe_optimizer,
-                                     train_recipe)
+from fedapp.runtime.training import (TrainStats, deterministic_cuda, evaluate, pick_device,
+                                     recipe_optimizer, train_recipe)
 from fedapp.seeding import derive_seed, isolated_rng
 
 MODEL_STATE_KEY = "fedapp.model"
@@ -190,6 +190,8 @@ class FedClient(NumPyClient):
                 f"num-supernodes={cfg.num_clients} (fedapp run does this for you).")
         # Deployment only: a SuperNode may name its device and bring its own data folder.
         self.device = pick_device(str(node.get("device", "")))
+        if self.device.type == "cuda" and cfg.deterministic:
+            deterministic_cuda()
         self.data_dir = str(node.get("data-dir", ""))
         # Where checkpoints keep this client: a deployed node's own state-dir (one sub-folder
         # per run), else the run folder the server names in its messages (simulation).
