@@ -72,7 +72,7 @@ def settings(args: argparse.Namespace) -> dict:
     return {"dataset": "fmnist", "num-server-rounds": args.rounds,
             "max-samples-per-client": args.samples_per_client, "local-epochs": 1,
             "optimizer": "sgd", "lr": 0.01, "client-num-cpus": os.cpu_count() or 1,
-            **SETTINGS[args.setting]}
+            **SETTINGS[args.setting], **({"method": args.method} if args.method else {})}
 
 
 def bare(cfg) -> Iterator[tuple[float, float]]:
@@ -156,11 +156,13 @@ def one_sitting(args: argparse.Namespace, cfg) -> dict[str, float]:
     """Every variant once; seconds (per run, and per round where it says so)."""
     # The two in-process loops run round by round in alternation, so both see the same
     # machine (warm caches, noisy neighbours) and neither profits from going second.
-    t = {"bare-train": 0.0, "bare": 0.0, "runtime": 0.0}
-    for (train, evaluate), r in zip(bare(cfg), runtime(cfg)):
-        t["bare-train"] += train
-        t["bare"] += train + evaluate
-        t["runtime"] += r
+    t = {}
+    if not args.flwr_only:
+        t = {"bare-train": 0.0, "bare": 0.0, "runtime": 0.0}
+        for (train, evaluate), r in zip(bare(cfg), runtime(cfg)):
+            t["bare-train"] += train
+            t["bare"] += train + evaluate
+            t["runtime"] += r
     if not args.skip_flwr:
         t["end-to-end"], t["server"], t["round"], t["round-clients"] = full_run(args)
     return t
@@ -180,6 +182,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1,
                         help="sittings; the ratios are reported as their range")
     parser.add_argument("--skip-flwr", action="store_true")
+    parser.add_argument("--method", default="",
+                        help="another method on the setting's work (e.g. standalone: the "
+                             "client runtime without any method's own extra work)")
+    parser.add_argument("--flwr-only", action="store_true",
+                        help="only the Flower run (seconds, no ratios): a variant of it beside "
+                             "a sitting that has the bare loop")
     args = parser.parse_args()
     cfg = load_config(settings(args))
     torch.set_num_threads(os.cpu_count() or 1)
@@ -202,6 +210,9 @@ def main() -> None:
         if key not in sittings[0]:
             continue
         seconds = [s[key] * scale for s in sittings]
+        if args.flwr_only:
+            print(f"| {label} | " + " / ".join(f"{v / scale:.1f}" for v in seconds) + " | | |")
+            continue
         print(f"| {label} | " + " / ".join(f"{v / scale:.1f}" for v in seconds) + " | "
               + ratio_range([v / s["bare"] for v, s in zip(seconds, sittings)]) + " | "
               + ratio_range([v / s["bare-train"] for v, s in zip(seconds, sittings)]) + " |")
