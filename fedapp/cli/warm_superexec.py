@@ -40,6 +40,7 @@ from typing import Callable
 VERSION = "1.41.0"  # the Flower release whose executor interface this one implements
 POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 POLL_SECONDS = "0.05"
+KEEP_EXIT_CODES = 1000
 # What a ClientApp of this project imports that costs seconds; each is imported if installed.
 # torch._dynamo (with sympy) is what torch imports at the first optimizer step.
 PRELOAD = ("numpy", "torch", "torch._dynamo", "torch.optim", "torchvision", "datasets",
@@ -88,7 +89,9 @@ class ForkExecutor:
         self.target = target
         self.fallback = SubprocessExecutor()
         self.children: dict[int, str] = {}  # pid -> task id, until reaped
-        self.exit_codes: dict[str, int] = {}  # task id -> exit status of its child
+        # task id -> exit status of its child, for the latest KEEP_EXIT_CODES tasks (a SuperNode
+        # lives for many messages; the statuses are for inspection, not a growing log)
+        self.exit_codes: dict[str, int] = {}
 
     def get_eligible_capacity(self, supported_task_types, *, insecure=False,
                               root_certificates_path=None):
@@ -141,6 +144,8 @@ class ForkExecutor:
                 done, status = pid, 0
             if done:
                 self.exit_codes[self.children.pop(pid)] = os.waitstatus_to_exitcode(status)
+                if len(self.exit_codes) > KEEP_EXIT_CODES:
+                    del self.exit_codes[next(iter(self.exit_codes))]  # the oldest
 
     def close(self) -> None:
         """Stop the children still running (their SuperNode is going away) and reap them."""
