@@ -120,6 +120,11 @@ class RunConfig:
     drop_last: bool = _opt(False, "leave out the short last mini-batch of each pass (as "
                            "FedClassAvg's and FedProto's code do; a pass shorter than one "
                            "batch still trains on it)")
+    class_means_drop_last: bool = _opt(
+        False, "per-class means a client uploads (FedGH's representations; FedProto's, "
+        "FedTGP's and FedRE's prototypes) leave out the short last mini-batch of the data's "
+        "stored order, as HtFLlib's collect_protos reads its unshuffled drop_last training "
+        "loader; false = over every sample, as the papers")
     batch_order: str = _opt(
         "shuffled", "order of the local data in each pass: 'shuffled' anew every pass, or "
         "'fixed' = the data's own order every pass (HtFLlib's and PFLlib's unshuffled loaders)",

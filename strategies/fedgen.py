@@ -26,7 +26,8 @@ hd = 512, d = 512, C = 10; its BatchNorm buffers are not sent: G always runs in 
 batch statistics) and the pooled label histogram (C 32-bit counts). In round 1 nothing has been
 pooled and G is untrained, so only the head goes down and clients train with CE alone (the
 paper's first round; HtFLlib instead uses its untrained G from round 0, as it reads every
-client's labels at start-up, which a federation cannot).
+client's labels at start-up, which a federation cannot: ``label-pool = "partition"`` does so
+in a simulation, from the partition the server computes).
 
 The paper and the authors' code differ from HtFLlib in five points; each is a setting whose
 default is the paper's (the authors' code gives the numbers the paper leaves out):
@@ -220,8 +221,17 @@ class FedGen(FedStrategy):
         with isolated_rng(derive_seed(self.cfg.seed, "fedgen-generator-init")):
             self.generator = Generator(s.noise_dim, self.num_classes, s.hidden_dim,
                                        self.feature_dim)
-        self.generator_sent = False  # from the first aggregation on (the label pool is known)
         self.label_counts: dict[int, np.ndarray] = {}  # partition id -> its label histogram
+        self.reported: set[int] = set()  # partition ids whose histogram came in an upload
+        if s.label_pool == "partition":  # HtFLlib's: every client's labels known at start-up
+            labels = setup.dataset(self.cfg).train_y.numpy()
+            for pid, split in enumerate(setup.partition(self.cfg).clients):
+                own = labels[np.asarray(split.train, np.int64)]
+                if split.label_permutation is not None:  # the labels the client sees
+                    own = np.asarray(split.label_permutation, np.int64)[own]
+                self.label_counts[pid] = np.bincount(own, minlength=self.num_classes)
+        # G goes down once the label pool is known: from the first aggregation on, or at once.
+        self.generator_sent = bool(self.label_counts)
         self.last_generator_ce: float | None = None
 
     def _pool(self, partitions) -> np.ndarray:
@@ -230,8 +240,16 @@ class FedGen(FedStrategy):
             pool += self.label_counts[pid]
         return pool
 
+    def wants_counts(self, client: ClientInfo | None) -> bool:
+        """Whether the server asks ``client`` for its label histogram: once, unless the
+        partition already gave it (a node that trains on its own data is asked all the same)."""
+        if client is None:
+            return True
+        pid = client.partition_id
+        return pid not in self.reported and (pid not in self.label_counts or client.own_data)
+
     def fit_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
-        wanted = client is None or client.partition_id not in self.label_counts
+        wanted = self.wants_counts(client)
         cache = getattr(self, "_payloads", None)
         if cache is None or cache[0] != server_round:
             cache = self._payloads = (server_round, {})
@@ -252,7 +270,7 @@ class FedGen(FedStrategy):
     def upload_spec(self, client: ClientInfo) -> dict[str, ArraySpec]:
         spec = {"head.weight": ArraySpec((self.num_classes, self.feature_dim)),
                 "head.bias": ArraySpec((self.num_classes,))}
-        if client.partition_id not in self.label_counts:
+        if self.wants_counts(client):
             spec[LABEL_COUNTS] = ArraySpec((self.num_classes,), kind="int", low=0)
         return spec
 
@@ -269,6 +287,7 @@ class FedGen(FedStrategy):
             if LABEL_COUNTS in u.payload:
                 self.label_counts[u.client.partition_id] = u.payload[LABEL_COUNTS].astype(
                     np.int64)
+                self.reported.add(u.client.partition_id)
         heads = [{k: u.payload[k] for k in HEAD} for u in uploads]
         num_examples = np.array([u.num_examples for u in uploads], np.float64)
         s = self.settings

@@ -25,7 +25,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedapp.runtime.class_stats import class_means
 from fedapp.runtime.client_base import FedClient, load_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -52,8 +51,7 @@ class FedGHClient(FedClient):
         return {"global-header": head_accuracy(self.model, header, x, y)}
 
     def upload(self) -> Payload:
-        lars = class_means(self.model.features, self.model, self.data.train_x,
-                           self.data.train_y, self.num_classes)
+        lars = self.class_means()
         return {"representations": lars.means, "labels": lars.labels}
 
 

@@ -30,7 +30,7 @@ import re
 import numpy as np
 import torch
 
-from fedapp.runtime.class_stats import ClassMeans, ClassSums, class_means, class_target_mse
+from fedapp.runtime.class_stats import ClassMeans, ClassSums, class_target_mse
 from fedapp.runtime.client_base import FedClient
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -69,8 +69,7 @@ class FedProtoClient(FedClient):
         training) the means of what the round's steps computed, with the class's training
         samples |D_kc| as counts all the same (a sample seen in several epochs is one sample)."""
         if self.seen is None:
-            return class_means(self.model.features, self.model, self.data.train_x,
-                               self.data.train_y, self.num_classes)
+            return self.class_means()
         protos = self.seen.means()
         protos.counts = np.bincount(self.data.train_y.cpu().numpy(),
                                     minlength=self.num_classes)[protos.labels]

@@ -29,7 +29,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedapp.runtime.class_stats import class_means
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, Upload
 from fedapp.runtime.training import one_thread
@@ -65,8 +64,7 @@ class FedREClient(FedGHClient):
         self.server_round = server_round
 
     def upload(self) -> Payload:
-        protos = class_means(self.model.features, self.model, self.data.train_x,
-                             self.data.train_y, self.num_classes)
+        protos = self.class_means()
         mix, weights = entangle(protos.means, self.batch_generator(self.server_round,
                                                                    "fedre-weights"))
         return {"representation": mix, "weights": weights, "labels": protos.labels}

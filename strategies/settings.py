@@ -269,6 +269,13 @@ class FedGenSettings:
         True, "keep the generator the server trains (paper, authors' code); false = HtFLlib's "
         "code, whose server trains a copy of its initial generator each round and discards it, "
         "so that the clients always draw from the untrained G")
+    label_pool: str = opt(
+        "uploads", "where the server learns the clients' label histograms: 'uploads' = each "
+        "client's first upload, so G is first sent in round 2 (a federation's only way); "
+        "'partition' = computed by the server from the run's partition before round 1, so the "
+        "clients use G from round 1 (HtFLlib's code, whose server reads every client's labels "
+        "at start-up); a node training on its own data still uploads its histogram",
+        choices=("uploads", "partition"))
 
     def client_term_weight(self, server_round: int) -> float:
         """alpha_t for round ``server_round`` (1-based; the authors count from 0)."""

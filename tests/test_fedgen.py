@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedapp.runtime.payload import PayloadError
+from fedapp.runtime.payload import PayloadError, decode
 from fedapp.runtime.results import Recorder
 from strategies.fedgen import (FedGenSettings, Generator, diversity_loss, teacher_weights,
                                train_generator)
@@ -173,3 +173,29 @@ def test_htfllibs_discarded_generator_sends_the_initial_one_every_round(tmp_path
     trained = kept.strategy.fit_payload(2, None)
     assert any(not np.array_equal(trained["generator." + k], v.numpy())
                for k, v in initial.items()), "the paper's server trains G"
+
+
+@pytest.mark.parametrize("permuted", [False, True])
+def test_label_pool_from_the_partition_sends_g_in_round_one_and_asks_for_nothing(tmp_path,
+                                                                                 permuted):
+    # label-pool = "partition" is HtFLlib's start-up: the server knows every client's labels
+    # (as the client sees them) before round 1, so G and the pool go down at once and no
+    # client uploads its histogram (fails on a server that waits for the first uploads).
+    fed, _ = _federation(tmp_path, label_permutation=permuted,
+                         **{"fedgen.label-pool": "partition"})
+    first = fed.fit_round(1)
+    for pid, (sent, res) in first.items():
+        assert "send-label-counts" not in sent
+        assert "label-counts" not in decode(res.parameters)
+        assert any(k.startswith("generator.") for k in sent)
+        client = fed.client(pid)
+        np.testing.assert_array_equal(fed.strategy.label_counts[pid], np.bincount(
+            client.data.train_y.numpy(), minlength=C))
+    expected = sum(np.bincount(fed.client(p).data.train_y.numpy(), minlength=C) for p in first)
+    np.testing.assert_array_equal(sent["label-pool"], expected)
+    client = fed.client(0)
+    client.receive(sent, 1)
+    assert client.generator is not None  # round 1 trains with the generator term
+    uploads, _ = _federation(tmp_path / "uploads")
+    assert not any(k.startswith("generator.") for sent, _ in uploads.fit_round(1).values()
+                   for k in sent)

@@ -106,3 +106,20 @@ def test_the_headline_is_the_nearest_global_prototype():
     client.receive_for_evaluation(payload)
     assert client.evaluation_variants(client.data.test_x, client.data.test_y)[
         "nearest-prototype"] == metrics[0]["accuracy"]
+
+
+@pytest.mark.parametrize("method, key", [("fedtgp", "prototypes"), ("fedgh", "representations")])
+def test_class_means_leave_out_the_short_last_batch_only_when_asked(method, key):
+    # 150 samples a client, batches of 64: HtFLlib's prototype pass sees the first 128.
+    settings = {**SMALL, "batch_size": 64} if method == "fedtgp" else {
+        k: v for k, v in {**SMALL, "batch_size": 64}.items() if not k.startswith("fedtgp")}
+    for drop in (False, True):
+        client = InProcessFederation(method, **settings, class_means_drop_last=drop).client(0)
+        client.receive({}, 1)
+        x, y = client.data.train_x, client.data.train_y
+        assert len(y) == 150
+        keep = 128 if drop else 150
+        expected = class_means(client.model.features, client.model, x[:keep], y[:keep], 10)
+        np.testing.assert_array_equal(client.upload()[key], expected.means)
+    assert not np.array_equal(expected.means, class_means(client.model.features, client.model,
+                                                          x, y, 10).means)

@@ -30,6 +30,7 @@ from fedapp.data import setup
 from fedapp.data.local_data import expected_input, load_local_data
 from fedapp.data.partitions import ClientData, load_client_data
 from fedapp.runtime import checkpoint
+from fedapp.runtime.class_stats import ClassMeans, class_means
 from fedapp.runtime.payload import Payload, from_ndarrays, to_ndarrays
 from fedapp.runtime.speeds import has_stragglers, update_duration
 from fedapp.runtime.training import (TrainStats, deterministic_cuda, evaluate, pick_device,
@@ -280,6 +281,16 @@ class FedClient(NumPyClient):
         """What predicts at evaluation: the private model (default), or a method's composite
         of it with other modules (FedMRL's shared and private extractors with a projector)."""
         return self.model
+
+    def class_means(self) -> ClassMeans:
+        """Exact per-class means of the private model's representations over the local
+        training data (prototypes, FedGH's LARs), after ``class-means-drop-last``: without
+        the short last batch of the stored order, as HtFLlib computes them."""
+        x, y = self.data.train_x, self.data.train_y
+        size, n = self.cfg.batch_size, len(y)
+        if self.cfg.class_means_drop_last and n > size:  # as training: a short pass is kept
+            x, y = x[:n - n % size], y[:n - n % size]
+        return class_means(self.model.features, self.model, x, y, self.num_classes)
 
     def local_steps(self) -> int:
         """Mini-batches per update (``local-steps``); 0 = ``local-epochs`` full passes."""
