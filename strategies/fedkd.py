@@ -34,7 +34,11 @@ exactly. Other arrays travel as they are. e follows the paper's schedule from ``
 to ``energy-end``: e(t) = Ts + (t - 1)/R (Te - Ts) in round t of R. HtFLlib's rank search never
 tries the full rank, so a matrix that needs all its singular values arrives as zeros:
 ``fedkd.rank-rule = "htfllib"`` reproduces that; ``fedkd.htfllib-loss = true`` its loss (no
-partner held constant, S trained, the hidden term counted twice).
+partner held constant, S trained, the hidden term counted twice). ``fedkd.codec = "htfllib"``
+its factors: ``np.linalg.svd`` of a 4-D convolution factors each k x k kernel on its own
+(U [out, in, k, r], s [out, in, r], V [out, in, r, k]) with one rank for the layer, chosen
+from the kernels' energies pooled index by index, and every factorised tensor travels as
+factors, even where they are larger than the tensor.
 """
 
 from __future__ import annotations
@@ -83,22 +87,37 @@ def compressible(array: np.ndarray) -> bool:
     return array.dtype.kind == "f" and array.ndim >= 2 and array.shape[0] > 1
 
 
-def compress(arrays: Payload, threshold: float, rule: str = "energy") -> Payload:
-    """Each compressible tensor as ``name:U`` [m, r], ``name:s`` [r], ``name:V`` [r, n] (or
-    itself when its factors would not be smaller), the others as they are; float32."""
+def per_kernel(array: np.ndarray, codec: str) -> bool:
+    """Whether ``codec`` factors this tensor kernel by kernel (HtFLlib's 4-D convolutions)."""
+    return codec == "htfllib" and array.ndim == 4
+
+
+def matrices(array: np.ndarray, codec: str) -> np.ndarray:
+    """The matrices the codec factors: the kernels [out, in, k, k], else out x the rest."""
+    return array if per_kernel(array, codec) else array.reshape(array.shape[0], -1)
+
+
+def compress(arrays: Payload, threshold: float, rule: str = "energy",
+             codec: str = "compact") -> Payload:
+    """Each compressible tensor as ``name:U`` [..., m, r], ``name:s`` [..., r], ``name:V``
+    [..., r, n] (``"compact"``: or itself when its factors would not be smaller), the others
+    as they are; float32."""
     out: Payload = {}
     for name, array in arrays.items():
         if not compressible(array):
             out[name] = array
             continue
-        matrix = array.reshape(array.shape[0], -1).astype(np.float64)
-        u, s, vt = np.linalg.svd(matrix, full_matrices=False)
-        rank = svd_rank(s, threshold, rule)
-        m, n = matrix.shape
-        if rank and rank * (m + n + 1) >= m * n:
+        stack = matrices(array, codec).astype(np.float64)
+        u, s, vt = np.linalg.svd(stack, full_matrices=False)
+        # Per kernel: one rank for the layer, from the j-th singular values' energy summed
+        # over its kernels (HtFLlib's search over the pooled sigma).
+        pooled = np.sqrt(np.square(s).reshape(-1, s.shape[-1]).sum(axis=0))
+        rank = svd_rank(pooled, threshold, rule)
+        m, n = stack.shape[-2:]
+        if codec == "compact" and rank and rank * (m + n + 1) >= m * n:
             out[name] = array.astype(np.float32)  # exact, and no larger than factors
             continue
-        for suffix, factor in zip(FACTORS, (u[:, :rank], s[:rank], vt[:rank])):
+        for suffix, factor in zip(FACTORS, (u[..., :rank], s[..., :rank], vt[..., :rank, :])):
             out[name + suffix] = np.ascontiguousarray(factor, dtype=np.float32)
     return out
 
@@ -111,35 +130,37 @@ def decompress(payload: Payload, like: Payload) -> Payload:
             out[name] = payload[name].reshape(template.shape).astype(template.dtype)
             continue
         u, s, vt = (payload[name + suffix].astype(np.float64) for suffix in FACTORS)
-        out[name] = ((u * s) @ vt).reshape(template.shape).astype(template.dtype)
+        out[name] = ((u * s[..., None, :]) @ vt).reshape(template.shape).astype(template.dtype)
     return out
 
 
-def codec_spec(like: Payload, payload: Payload) -> dict[str, ArraySpec]:
+def codec_spec(like: Payload, payload: Payload,
+               codec: str = "compact") -> dict[str, ArraySpec]:
     """What a compressed ``like`` must look like: every tensor either as itself or, when the
     payload names any of its factors, as its three factors of one rank."""
     specs: dict[str, ArraySpec] = {}
     for name, template in like.items():
         if compressible(template) and any(name + f in payload for f in FACTORS):
-            m, n = template.shape[0], int(np.prod(template.shape[1:]))
-            specs.update({name + ":U": ArraySpec((m, None)), name + ":s": ArraySpec((None,)),
-                          name + ":V": ArraySpec((None, n))})
+            *batch, m, n = matrices(template, codec).shape
+            specs.update({name + ":U": ArraySpec((*batch, m, None)),
+                          name + ":s": ArraySpec((*batch, None)),
+                          name + ":V": ArraySpec((*batch, None, n))})
         else:
             specs[name] = ArraySpec(template.shape,
                                     "float" if template.dtype.kind == "f" else "int")
     return specs
 
 
-def check_factors(payload: Payload, like: Payload) -> None:
+def check_factors(payload: Payload, like: Payload, codec: str = "compact") -> None:
     """One rank per tensor's factors, at most the matrix's."""
     for name, template in like.items():
         if name + ":s" not in payload:
             continue
         u, s, vt = (payload[name + suffix] for suffix in FACTORS)
-        m, n = template.shape[0], int(np.prod(template.shape[1:]))
-        if not u.shape[1] == len(s) == vt.shape[0] or len(s) > min(m, n):
-            raise PayloadError(f"the factors of {name!r} have ranks {u.shape[1]}, {len(s)}, "
-                               f"{vt.shape[0]}: expected one rank <= {min(m, n)}")
+        full = min(matrices(template, codec).shape[-2:])
+        if not u.shape[-1] == s.shape[-1] == vt.shape[-2] or s.shape[-1] > full:
+            raise PayloadError(f"the factors of {name!r} have ranks {u.shape[-1]}, "
+                               f"{s.shape[-1]}, {vt.shape[-2]}: expected one rank <= {full}")
 
 
 def add_update(base: Payload, update: Payload) -> Payload:
@@ -205,11 +226,11 @@ class FedKDClient(TwoModelClient):
         s = self.cfg.settings
         trained = state_arrays(self.shared)
         if s.compress == "weights":
-            return compress(trained, self.threshold, s.rank_rule)
+            return compress(trained, self.threshold, s.rank_rule, s.codec)
         update = {k: v - self.start[k] if v.dtype.kind == "f" else v for k, v in trained.items()}
         # Kept: the global mentee this round started from, to which the next update applies.
         load_arrays(self.shared, self.start)
-        return compress(update, self.threshold, s.rank_rule)
+        return compress(update, self.threshold, s.rank_rule, s.codec)
 
     def save_state(self, server_round: int) -> None:
         if self.cfg.settings.compress == "update":
@@ -252,15 +273,17 @@ class FedKD(SharedModelStrategy):
 
     def validate_upload(self, payload: Payload, client: ClientInfo) -> None:
         # Which tensors came as factors is in the names: the spec follows them.
-        validate(payload, codec_spec(self.shared_model, payload))
-        check_factors(payload, self.shared_model)
+        codec = self.cfg.settings.codec
+        validate(payload, codec_spec(self.shared_model, payload, codec))
+        check_factors(payload, self.shared_model, codec)
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
         s = self.cfg.settings
         received = [decompress(u.payload, self.shared_model) for u in uploads]
         average = weighted_average(received, self.average_weights(uploads))
         # Compressed with this round's energy, as the clients' uploads were.
-        self.last_update = compress(average, self.threshold(server_round), s.rank_rule)
+        self.last_update = compress(average, self.threshold(server_round), s.rank_rule,
+                                    s.codec)
         if s.compress == "weights":
             self.shared_model = decompress(self.last_update, self.shared_model)
             return

@@ -133,10 +133,17 @@ class FedTGP(FedStrategy):
         super().__init__(*args, **kwargs)
         self.settings: FedTGPSettings = self.cfg.settings
         self.feature_dim = self.new_model(self.architectures[0]).feature_dim
-        with isolated_rng(derive_seed(self.cfg.seed, "fedtgp-init")):
+        with isolated_rng(derive_seed(self.server_seed, "fedtgp-init")):
             self.tgp = TrainableGlobalPrototypes(self.num_classes, self.feature_dim)
         self.margin = None  # delta of the last round (a diagnostic)
         self._payload: Payload = {}
+
+    @property
+    def server_seed(self) -> int:
+        """The key of the TGP's start and shuffles. HtFLlib's server draws both from torch's
+        global stream, which its last client re-seeds with 0 (clienttgp.py:13) and nothing
+        else draws from differently: the same in every run of it, whatever the seed."""
+        return self.cfg.seed if self.settings.server_seed < 0 else self.settings.server_seed
 
     def fit_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
         return self._payload  # empty before the first server step
@@ -161,7 +168,7 @@ class FedTGP(FedStrategy):
         self.margin, _ = adaptive_margin(prototypes, labels, self.num_classes,
                                          self.settings.margin)
         train_tgp(self.tgp, prototypes, labels, self.margin, self.settings,
-                  derive_seed(self.cfg.seed, "fedtgp-server", server_round))
+                  derive_seed(self.server_seed, "fedtgp-server", server_round))
         self.tgp.eval()
         with torch.no_grad():
             self._payload = {"prototypes": self.tgp(torch.arange(self.num_classes)).numpy()

@@ -457,6 +457,11 @@ class FedKDSettings(SharedModelSettings):
         "energy", "'energy': the smallest rank holding the energy threshold, the full rank "
         "included; 'htfllib': its search, which never tries the full rank and sends a matrix "
         "needing it as zeros", choices=("energy", "htfllib"))
+    codec: str = opt(
+        "compact", "'compact': a convolution factored as out x in*k*k, a tensor whose factors "
+        "would not be smaller sent exactly; 'htfllib': each k x k kernel factored on its own "
+        "with one rank per layer, and factors sent even where larger",
+        choices=("compact", "htfllib"))
     htfllib_loss: bool = opt(
         False, "HtFLlib's loss: neither partner held constant, S trained, the hidden term "
         "counted in both models' losses")
@@ -534,6 +539,10 @@ class FedTGPSettings:
     margin: float = opt(100.0, "upper bound tau of the adaptive margin (-mart)", low=0.0)
     pre_training_prototypes: bool = opt(
         False, "code parity: upload the prototypes of the model before the round's training")
+    server_seed: int = opt(
+        -1, "the seed of the server's randomness (the TGP's initial weights, its shuffles); "
+        "-1 = the run's seed. HtFLlib parity: one for every run (its server draws the same in "
+        "every run, whatever the seed)", low=-1)
 
     def check(self, cfg: RunConfig) -> None:
         if cfg.feature_dim == 0:

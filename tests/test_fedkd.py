@@ -14,10 +14,11 @@ from flwr.common import (Code, FitRes, Status, ndarrays_to_parameters,
 import fedapp.runtime.client_base as client_base
 import strategies.fedkd as fedkd
 from fedapp.runtime.aggregate import weighted_average
-from fedapp.runtime.payload import PayloadError, decode, encode, to_ndarrays, wire_size
+from fedapp.runtime.payload import (PayloadError, decode, encode, to_ndarrays, validate,
+                                    wire_size)
 from fedapp.runtime.two_models import SHARED_STATE_KEY
-from strategies.fedkd import (FedKDSettings, compress, decompress, energy, fedkd_loss,
-                              svd_rank)
+from strategies.fedkd import (FedKDSettings, check_factors, codec_spec, compress, decompress,
+                              energy, fedkd_loss, svd_rank)
 from tests.conftest import InProcessFederation
 from tests.test_hostile_uploads import small_smoke_overrides
 
@@ -66,6 +67,37 @@ def test_factors_cost_r_m_plus_n_plus_1_floats_and_keep_the_energy():
     assert decompress(sent, {"c": conv})["c"].shape == conv.shape
 
 
+def test_htfllibs_codec_factors_each_kernel_with_one_rank_per_layer():
+    rng = np.random.default_rng(5)
+    conv = (rng.normal(size=(6, 3, 5, 5)) * np.linspace(0.2, 2.0, 5)).astype(np.float32)
+    like = {"c": conv}
+    sent = compress(like, 0.9, codec="htfllib")
+    # Counted apart: every kernel's SVD; the rank from the j-th singular values' energy summed
+    # over the layer's kernels; each kernel rebuilt from its own leading r.
+    svds = [np.linalg.svd(k) for k in conv.reshape(-1, 5, 5).astype(np.float64)]
+    energy_j = np.cumsum(sum(sv ** 2 for _, sv, _ in svds))
+    r = int(np.argmax(energy_j > 0.9 * energy_j[-1])) + 1
+    assert 1 < r < 5
+    assert {k: v.shape for k, v in sent.items()} == {
+        "c:U": (6, 3, 5, r), "c:s": (6, 3, r), "c:V": (6, 3, r, 5)}
+    rebuilt = np.stack([(u[:, :r] * sv[:r]) @ vt[:r] for u, sv, vt in svds])
+    np.testing.assert_allclose(decompress(sent, like)["c"], rebuilt.reshape(conv.shape),
+                               atol=1e-5)
+    # Factors even where larger than the tensor (the compact codec sends it exactly).
+    full = {"w": _matrix([3.0, 2.0, 1.0], 3, 3)}
+    assert set(compress(full, 0.95)) == {"w"}
+    factored = compress(full, 0.95, codec="htfllib")
+    assert factored["w:U"].shape == (3, 3)
+    np.testing.assert_allclose(decompress(factored, full)["w"], full["w"], atol=1e-5)
+    # A hostile upload: factors of one kernel shape but two ranks, or of the wrong layer shape.
+    validate(sent, codec_spec(like, sent, "htfllib"))
+    check_factors(sent, like, "htfllib")
+    with pytest.raises(PayloadError, match="ranks"):
+        check_factors({**sent, "c:s": sent["c:s"][..., :r - 1]}, like, "htfllib")
+    with pytest.raises(PayloadError):
+        validate({**sent, "c:U": sent["c:U"][:5]}, codec_spec(like, sent, "htfllib"))
+
+
 def test_the_energy_threshold_rises_from_start_to_end():
     s = FedKDSettings()
     assert energy(s, 1, 10) == pytest.approx(0.95)
@@ -93,8 +125,8 @@ def test_each_round_sends_exactly_the_bytes_of_the_factors(monkeypatch):
     calls = []
     real = fedkd.compress
 
-    def recording(arrays, threshold, rule="energy"):
-        out = real(arrays, threshold, rule)
+    def recording(arrays, threshold, rule="energy", codec="compact"):
+        out = real(arrays, threshold, rule, codec)
         calls.append((arrays, threshold, out))
         return out
     monkeypatch.setattr(fedkd, "compress", recording)
@@ -174,10 +206,12 @@ def test_the_adaptive_loss_by_hand():
         pytest.approx(htfl, rel=1e-6)
 
 
-@pytest.mark.parametrize("rule", ["energy", "htfllib"])
-def test_htfllibs_weights_mode_sends_the_compressed_mentee_itself(rule):
+@pytest.mark.parametrize("rule, codec", [("energy", "compact"), ("htfllib", "compact"),
+                                         ("htfllib", "htfllib")])
+def test_htfllibs_weights_mode_sends_the_compressed_mentee_itself(rule, codec):
     fed = InProcessFederation("fedkd", **small_smoke_overrides("fedkd"),
-                              **{"fedkd.compress": "weights", "fedkd.rank-rule": rule})
+                              **{"fedkd.compress": "weights", "fedkd.rank-rule": rule,
+                                 "fedkd.codec": codec})
     initial = dict(fed.strategy.shared_model)
     seen = fed.fit_round(1)
     # Round 1: nothing goes down; every client trains the run's initial mentee (HtFLlib's
@@ -191,7 +225,7 @@ def test_htfllibs_weights_mode_sends_the_compressed_mentee_itself(rule):
     weights = [float(res.num_examples) for _, res in seen.values()]  # average = "samples"
     expected = compress(weighted_average([decompress(u, initial) for u in uploads], weights),
                         energy(fed.strategy.cfg.settings, 1, fed.strategy.cfg.num_server_rounds),
-                        rule)
+                        rule, codec)
     sent = fed.fit_round(2)[client.partition_id][0]
     assert sent.keys() == expected.keys()
     assert all(np.allclose(sent[k], expected[k], atol=1e-6) for k in expected)

@@ -9,6 +9,7 @@ import torch
 
 from fedapp.runtime.class_stats import class_means
 from fedapp.runtime.results import Recorder
+from fedapp.runtime.strategy_base import ClientInfo, Upload
 from strategies.fedtgp import (FedTGPSettings, TrainableGlobalPrototypes, adaptive_margin,
                                margin_loss, train_tgp)
 from tests.conftest import InProcessFederation
@@ -93,6 +94,21 @@ def test_prototypes_after_training_by_default_before_it_with_the_code_parity_fla
         upload = client.upload()["prototypes"]
         np.testing.assert_array_equal(upload, initial if before else trained)
         assert not np.allclose(initial, trained)
+
+
+def test_one_server_seed_gives_every_run_the_same_server_randomness():
+    def server_round(seed, server_seed):
+        fed = InProcessFederation("fedtgp", **SMALL, seed=seed,
+                                  **{"fedtgp.server-seed": server_seed})
+        start = [p.detach().clone() for p in fed.strategy.tgp.parameters()]
+        prototypes = np.random.default_rng(0).normal(size=(20, D)).astype(np.float32)
+        upload = {"prototypes": prototypes[:10], "labels": np.arange(10, dtype=np.int32)}
+        fed.strategy.aggregate(1, [Upload(ClientInfo(0, "cnn5"), 1, upload, {})])
+        return start, fed.strategy._payload["prototypes"]
+    (a0, p0), (a1, p1) = server_round(0, 7), server_round(1, 7)
+    assert all(torch.equal(x, y) for x, y in zip(a0, a1)) and np.array_equal(p0, p1)
+    (b0, q0), (b1, q1) = server_round(0, -1), server_round(1, -1)  # the run's seed
+    assert not torch.equal(b0[0], b1[0]) and not np.array_equal(q0, q1)
 
 
 def test_the_headline_is_the_nearest_global_prototype():
