@@ -87,14 +87,12 @@ def compressible(array: np.ndarray) -> bool:
     return array.dtype.kind == "f" and array.ndim >= 2 and array.shape[0] > 1
 
 
-def per_kernel(array: np.ndarray, codec: str) -> bool:
-    """Whether ``codec`` factors this tensor kernel by kernel (HtFLlib's 4-D convolutions)."""
-    return codec == "htfllib" and array.ndim == 4
-
-
 def matrices(array: np.ndarray, codec: str) -> np.ndarray:
-    """The matrices the codec factors: the kernels [out, in, k, k], else out x the rest."""
-    return array if per_kernel(array, codec) else array.reshape(array.shape[0], -1)
+    """The matrices the codec factors: with ``"htfllib"`` a convolution's kernels
+    [out, in, k, k], else out x the rest."""
+    if codec == "htfllib" and array.ndim == 4:
+        return array
+    return array.reshape(array.shape[0], -1)
 
 
 def compress(arrays: Payload, threshold: float, rule: str = "energy",
