@@ -79,6 +79,7 @@ def main(grid: Grid, context: Context) -> None:
     # path is spelled out here exactly as ServerApp(server_fn=...) would run it.
     components = server_fn(context)
     strategy = components.strategy
+    strategy.node_partitions = linkstate.node_partitions(grid)
     loop = LOOPS.get(strategy.cfg.server_loop)
     try:
         if loop is not None:

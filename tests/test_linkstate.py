@@ -81,3 +81,16 @@ def test_installed_only_on_the_release_it_mirrors(monkeypatch):
     monkeypatch.setattr(flwr, "__version__", linkstate.VERSION)
     assert linkstate.install()
     assert InMemoryLinkState.get_message_ins is linkstate.get_message_ins
+
+
+def test_node_partitions_are_the_engines_assignment(monkeypatch):
+    factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(),
+                               ObjectStoreFactory())
+    grid = InMemoryGrid(state_factory=factory)
+    partitions = linkstate.node_partitions(grid)
+    assert partitions() == {}  # asked later, once the engine has registered the nodes
+    engines = _register_nodes(50, factory)  # node id -> partition id, as the engine keeps it
+    assert partitions() == engines
+    assert linkstate.node_partitions(object()) is None  # a deployment's grid
+    monkeypatch.setattr(flwr, "__version__", "0.0.0")
+    assert linkstate.node_partitions(grid) is None

@@ -240,6 +240,25 @@ def test_clients_are_identified_first_and_ordered_by_partition_not_node_id():
     assert proxies[1].cid not in strategy.clients
 
 
+@pytest.mark.parametrize("engine_knows", [3, 2])
+def test_a_simulation_identifies_its_clients_from_the_engine_without_a_message(engine_knows):
+    # Every client would crash if asked; the engine's node -> partition assignment answers for
+    # all of them, unless it does not cover the federation (then they are asked, and crash).
+    strategy = make_strategy("standalone", num_clients=3, arch_mix="cnn1,cnn2,cnn3")
+    manager, proxies = client_manager(strategy, [None, None, None])
+    for k, proxy in enumerate(proxies):
+        proxy.node_id = 100 + k
+    assigned = {100: 2, 101: 0, 102: 1}
+    strategy.node_partitions = lambda: dict(list(assigned.items())[:engine_knows])
+    listed = strategy.list_clients(manager)
+    if engine_knows < 3:
+        assert listed == [] and strategy.clients == {}
+        return
+    assert [p.node_id for p in listed] == [101, 102, 100]
+    assert [(strategy.clients[p.cid].partition_id, strategy.clients[p.cid].arch)
+            for p in proxies] == [(2, "cnn3"), (0, "cnn1"), (1, "cnn2")]
+
+
 def test_a_client_cannot_change_identity_midway(rng):
     strategy = make_strategy("lg-fedavg", num_clients=2, arch_mix="cnn1", sizes=[10, 10])
     manager, proxies = client_manager(strategy)

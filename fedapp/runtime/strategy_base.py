@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from logging import INFO, WARNING
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 from flwr.common import (EvaluateIns, EvaluateRes, FitIns, FitRes, GetPropertiesIns,
@@ -162,6 +162,8 @@ class FedStrategy(Strategy):
         self.input_shape = input_shape
         self.num_classes = num_classes
         self.clients: dict[str, ClientInfo] = {}  # Flower cid -> identity, learnt from replies
+        # In a simulation: node id -> partition id, from the engine (linkstate.node_partitions).
+        self.node_partitions: Callable[[], dict[int, int]] | None = None
         self._down: dict[str, WireSize] = {}
         self._up: dict[str, WireSize] = {}
         self._eval_down = 0
@@ -309,7 +311,18 @@ class FedStrategy(Strategy):
 
     def _ask_identities(self, proxies: list[ClientProxy]) -> None:
         """Learn who the new clients are (partition id, architecture) before they are sampled
-        or sent anything, in parallel: in deployment each answer starts a process."""
+        or sent anything, in parallel: in deployment each answer starts a process. In a
+        simulation the engine's own assignment answers without a message; every reply a client
+        sends later still carries its identity, checked against this one."""
+        if self.node_partitions is not None:
+            assigned = self.node_partitions()
+            if len(assigned) == self.cfg.num_clients:
+                for proxy in proxies:
+                    pid = assigned.get(getattr(proxy, "node_id", None))
+                    if pid is not None:
+                        self._identify(proxy, {"partition-id": pid,
+                                               "arch": self.architectures[pid]})
+                proxies = [p for p in proxies if p.cid not in self.clients]
         def ask(proxy: ClientProxy) -> None:
             try:
                 res = proxy.get_properties(GetPropertiesIns({}), timeout=None, group_id=0)
