@@ -96,7 +96,9 @@ class RunConfig:
     model_init: str = _opt(
         "per-client", "the private models' initial weights: 'per-client' = a draw of each "
         "client's own, 'per-architecture' = one draw per architecture, shared by its clients "
-        "(HtFLlib re-seeds torch with the same seed in every client's constructor)",
+        "and by a shared model of that architecture (FML's, FedKD's mentee), and one draw of "
+        "each private module (FedKD's W_h, FedMRL's projector) shared by all (HtFLlib re-seeds "
+        "torch with the same seed in every client's constructor)",
         choices=("per-client", "per-architecture"))
     # -- local training (the recipe: a method's own values replace these defaults for every
     #    key the run does not set, see RECIPE_KEYS and docs/recipes.md)

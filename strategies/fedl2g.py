@@ -164,8 +164,11 @@ class FedL2G(FedStrategy):
         self.settings: FedL2GSettings = self.cfg.settings
         self.dim = (self.new_model(self.architectures[0]).feature_dim
                     if self.settings.variant == "feat" else self.num_classes)
-        # N(0, 1), as nn.Embedding's initialisation in the authors' code.
-        rng = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "fedl2g-guide-init"))
+        # N(0, 1), as nn.Embedding's initialisation in the authors' code; with guide-seed the
+        # same draw in every run, which for 0 is HtFLlib's guide exactly.
+        seed = self.settings.guide_seed
+        rng = torch.Generator().manual_seed(
+            seed if seed >= 0 else derive_seed(self.cfg.seed, "fedl2g-guide-init"))
         self.guide = torch.randn(self.num_classes, self.dim, generator=rng)
         self._payload = {GUIDE: self.guide.numpy().copy()}
 

@@ -310,6 +310,11 @@ class FedL2GSettings:
     server_lr: float = opt(0.0, "server step size eta_s on the guiding vectors (0 = FedL2G's "
                            "run_me.sh: 100 for feat, 0.1 for logit; HtFLlib's main.py 0.01)",
                            low=0.0)
+    guide_seed: int = opt(
+        -1, "the guiding vectors' initial draw: -1 = keyed by the run's seed; s >= 0 = "
+        "N(0, 1) from a torch generator seeded with s, for every run (HtFLlib builds its "
+        "nn.Embedding after its last client re-seeds torch with 0: its guide is s = 0 in "
+        "every run)", low=-1)
 
     def warmup_rounds(self, num_server_rounds: int) -> int:
         """wu: the warm-up's rounds, which count toward the run's rounds."""

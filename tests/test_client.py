@@ -47,6 +47,27 @@ def test_model_init_per_client_or_shared_by_the_clients_of_an_architecture(init)
     assert weights[2].shape != weights[0].shape or not torch.equal(weights[2], weights[0])
 
 
+@pytest.mark.parametrize("init", ["per-client", "per-architecture"])
+def test_a_private_module_starts_as_the_model_init_says(init):
+    # FedKD's W_h: each client's own draw, or one draw shared by every client (as HtFLlib's).
+    client_base._MODEL_CACHE.clear()
+    w_h = [client("fedkd", context(pid), model_init=init).modules["hidden"].weight
+           for pid in (0, 1)]
+    assert w_h[0].shape == w_h[1].shape
+    assert torch.equal(w_h[0], w_h[1]) == (init == "per-architecture")
+
+
+@pytest.mark.parametrize("init", ["per-client", "per-architecture"])
+def test_a_shared_model_starts_as_its_architectures_clients_under_per_architecture(init):
+    # FedKD's mentee is the smallest of the mix, cnn5, which client 0 trains privately.
+    client_base._MODEL_CACHE.clear()
+    fedkd = client("fedkd", context(0), model_init=init)
+    assert fedkd.arch == fedkd.shared.arch == "cnn5"
+    same = [torch.equal(a, b) for a, b in zip(fedkd.model.state_dict().values(),
+                                             fedkd.shared.state_dict().values())]
+    assert all(same) == (init == "per-architecture") and any(same) == all(same)
+
+
 def test_same_seed_same_result_whatever_the_order():
     def run(order):
         client_base._MODEL_CACHE.clear()

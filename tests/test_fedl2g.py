@@ -167,3 +167,13 @@ def test_the_quiz_set_is_held_out_and_htfllibs_takes_the_first_samples(tmp_path,
     assert sorted(torch.cat([quiz, study]).tolist()) == list(range(n)) and len(quiz) == size
     in_order = torch.equal(torch.cat([quiz, study]).cpu(), torch.arange(n))
     assert in_order == (quiz_set == "first")
+
+
+def test_a_guide_seed_gives_every_run_htfllibs_embedding():
+    # HtFLlib: torch re-seeded with 0 by its last client, then nn.Embedding(C, d).
+    torch.manual_seed(0)
+    htfllib = nn.Embedding(C, C).weight.detach()
+    fixed = [_server(seed=s, **{"fedl2g.guide-seed": 0})[0].guide for s in (0, 1)]
+    keyed = [_server(seed=s)[0].guide for s in (0, 1)]
+    assert all(torch.equal(g, htfllib) for g in fixed)
+    assert not torch.equal(keyed[0], keyed[1]) and not torch.equal(keyed[0], htfllib)

@@ -84,9 +84,12 @@ def shared_architecture(cfg: RunConfig, input_shape: tuple[int, int, int],
 def build_shared_model(cfg: RunConfig, input_shape: tuple[int, int, int],
                        num_classes: int) -> HeteroModel:
     """The shared model's initial weights: one key for the whole run, so the server's copy and
-    every client's start equal."""
+    every client's start equal. With ``model-init = "per-architecture"`` it is the draw of its
+    architecture that the private models of that architecture start from, as in HtFLlib, which
+    builds it right after seeding torch as every client does before building its model."""
+    own = ("shared-model",) if cfg.model_init == "per-client" else ()
     return _build(cfg, shared_architecture(cfg, tuple(input_shape), num_classes),
-                  tuple(input_shape), num_classes, "shared-model")
+                  tuple(input_shape), num_classes, *own)
 
 
 def kl_to(target_logits: torch.Tensor, logits: torch.Tensor,
@@ -152,10 +155,14 @@ class TwoModelClient(FedClient):
 
     @functools.cached_property
     def modules(self) -> dict[str, torch.nn.Module]:
-        """The method's private modules, as this client last kept them."""
+        """The method's private modules, as this client last kept them. They start as the
+        private model does (``model-init``): each client's own draw, or with
+        ``"per-architecture"`` one draw that every client shares (HtFLlib re-seeds torch before
+        building them, so FedKD's W_h and FedMRL's projector start alike in all its clients)."""
         built = {}
+        own = (self.partition_id,) if self.cfg.model_init == "per-client" else ()
         for name, make in self.private_modules().items():
-            with isolated_rng(derive_seed(self.cfg.seed, "model-init", name, self.partition_id)):
+            with isolated_rng(derive_seed(self.cfg.seed, "model-init", name, *own)):
                 module = make().to(self.device)
             record = self.context.state.get(MODULE_STATE_KEY.format(name=name))
             if record is not None and self.keep_module(name):
