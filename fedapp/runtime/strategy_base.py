@@ -314,25 +314,31 @@ class FedStrategy(Strategy):
         or sent anything, in parallel: in deployment each answer starts a process. In a
         simulation the engine's own assignment answers without a message; every reply a client
         sends later still carries its identity, checked against this one."""
-        if self.node_partitions is not None:
-            assigned = self.node_partitions()
-            if len(assigned) == self.cfg.num_clients:
-                for proxy in proxies:
-                    pid = assigned.get(getattr(proxy, "node_id", None))
-                    if pid is not None:
-                        self._identify(proxy, {"partition-id": pid,
-                                               "arch": self.architectures[pid]})
-                proxies = [p for p in proxies if p.cid not in self.clients]
+        assigned = self.node_partitions() if self.node_partitions is not None else {}
+        if len(assigned) != self.cfg.num_clients:
+            assigned = {}  # not the whole federation: ask everyone
+
         def ask(proxy: ClientProxy) -> None:
             try:
-                res = proxy.get_properties(GetPropertiesIns({}), timeout=None, group_id=0)
-                self._identify(proxy, res.properties)
+                pid = assigned.get(getattr(proxy, "node_id", None))
+                if pid is not None:
+                    identity = {"partition-id": pid, "arch": self.architectures[pid]}
+                else:
+                    identity = proxy.get_properties(GetPropertiesIns({}), timeout=None,
+                                                    group_id=0).properties
+                self._identify(proxy, identity)
             except Exception as exc:  # a crashed or lying client is left out, not fatal
                 log(WARNING, "client %s did not identify itself and is left out: %s",
                     proxy.cid, exc)
-        if proxies:
-            with ThreadPoolExecutor(max_workers=min(32, len(proxies))) as pool:
-                list(pool.map(ask, proxies))
+        asked = []
+        for proxy in proxies:
+            if getattr(proxy, "node_id", None) in assigned:
+                ask(proxy)  # answered here, no message
+            else:
+                asked.append(proxy)
+        if asked:
+            with ThreadPoolExecutor(max_workers=min(32, len(asked))) as pool:
+                list(pool.map(ask, asked))
 
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
