@@ -12,7 +12,8 @@ Memory: every second the proportional set size (PSS, shared pages divided among 
 sharing them) of every process started after the benchmark began is summed: the CLI, the
 SuperLink, the ServerApp, the simulation and Ray's processes and actors. The peak is reported.
 Time: each round's wall ``seconds`` from ``rounds.jsonl``; round 1 also pays for starting the Ray
-actors and for asking every client who it is (one message per client).
+actors (the server learns which partition each node holds from the simulation engine, without a
+message per client).
 
     .venv/bin/python benchmarks/scale.py --clients 100,1000,10000 --participants 20 --rounds 3
     .venv/bin/python benchmarks/scale.py --clients 10000 --participants 100 --rounds 20

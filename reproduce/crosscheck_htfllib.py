@@ -131,6 +131,10 @@ METHODS["fedtgp-one-server-seed"] = {**METHODS["fedtgp-shared-init"], "fedtgp.se
 # clients use the (untrained) generator from their first training on.
 METHODS["fedgen-startup-labels"] = {"method": "fedgen", **METHODS["fedgen"],
                                     "fedgen.label-pool": "partition"}
+# FedL2G from HtFLlib's guide: its server builds nn.Embedding after its last client re-seeds
+# torch with 0, so every run of it starts from the same guiding vectors, those of guide-seed 0.
+METHODS["fedl2g-htfllib-guide"] = {"method": "fedl2g", **METHODS["fedl2g"],
+                                   "fedl2g.guide-seed": 0}
 # FedKD with HtFLlib's factors: each 5x5 kernel of a convolution factored on its own (one rank
 # per layer), factors sent even where larger than the tensor (clientkd.py's decomposition).
 METHODS["fedkd-htfllib-codec"] = {"method": "fedkd", **METHODS["fedkd"], "fedkd.codec": "htfllib"}
@@ -151,7 +155,7 @@ VARIANT["fedproto-during-training"] = VARIANT["fedproto-shared-init"] = VARIANT[
 # (``rounds``). HtFLlib seeds torch with 0 in main.py and in every
 # client, and its loaders do not shuffle, so a run repeats itself; FedGH's server takes the
 # clients in an unseeded random order, so its runs differ (three were made). Where a gap
-# asked for the peer's spread, more runs at torch seeds 1, 2 (docs/crosscheck.md).
+# asked for the peer's spread, more runs at torch seeds 1, 2 (FedL2G to 4; docs/crosscheck.md).
 PEER: dict[str, dict[str, Any]] = {
     # Runs at torch seeds 0, 1, 2 (seeds 1-2 from the copy whose main.py:31 and
     # clientbase.py:20 read the seed from the environment; nothing else changed).
@@ -183,9 +187,16 @@ PEER: dict[str, dict[str, Any]] = {
                             90, 319, 2, 609, 1187, 1235, 1068],
                            [9, 58, 193, 0, 328, 1369, 1020, 495, 1213, 761, 1505, 1582, 2046,
                             53, 273, 0, 622, 1186, 1170, 691]]},
-    # Runs at torch seeds 0, 1.
-    "fedkd": {"algorithm": "FedKD", "last": [0.949106, 0.948421], "best": [0.949106, 0.948421],
-              "rounds": [0.921574, 0.941966, 0.949106]},
+    # Runs at torch seeds 0, 1, 2; ``correct`` from the per-client accuracies its log prints.
+    "fedkd": {"algorithm": "FedKD", "last": [0.949106, 0.948421, 0.949220],
+              "best": [0.949106, 0.948421, 0.949220],
+              "rounds": [0.921574, 0.941966, 0.949106],
+              "correct": [[17, 62, 204, 624, 350, 1369, 1081, 934, 1243, 842, 1516, 1653, 2049,
+                           90, 322, 37, 668, 1187, 1248, 1120],
+                          [17, 61, 204, 624, 350, 1369, 1081, 929, 1242, 839, 1515, 1655, 2046,
+                           90, 324, 37, 668, 1187, 1249, 1117],
+                          [17, 63, 204, 624, 350, 1369, 1084, 936, 1246, 840, 1519, 1653, 2047,
+                           93, 324, 37, 669, 1187, 1247, 1109]]},
     # Runs at torch seeds 0, 1, 2.
     "fedmrl": {"algorithm": "FedMRL", "last": [0.921574, 0.942080, 0.940424],
                "best": [0.921574, 0.942080, 0.940424],
@@ -196,16 +207,28 @@ PEER: dict[str, dict[str, Any]] = {
                "best": [0.946878, 0.946079, 0.948249],
                "rounds": [0.918547, 0.936997, 0.946878]},
     # At e959261 with HCNNs8 put back (docs/crosscheck.md); the others at 728e52a.
-    "fedl2g": {"algorithm": "FedL2G-feat", "last": [0.950191, 0.949335, 0.951334],
-               "best": [0.950191, 0.949335, 0.951334],
-               "rounds": [0.922888, 0.942652, 0.950191]},
+    # Runs at torch seeds 0-4; ``correct`` as for FedKD.
+    "fedl2g": {"algorithm": "FedL2G-feat",
+               "last": [0.950191, 0.949335, 0.951334, 0.950420, 0.948021],
+               "best": [0.950191, 0.949335, 0.951334, 0.950420, 0.948021],
+               "rounds": [0.922888, 0.942652, 0.950191],
+               "correct": [[17, 63, 202, 624, 347, 1369, 1086, 925, 1254, 840, 1516, 1653, 2049,
+                            90, 320, 37, 674, 1187, 1248, 1134],
+                           [17, 61, 203, 626, 345, 1369, 1086, 921, 1249, 842, 1515, 1653, 2050,
+                            90, 323, 37, 672, 1187, 1246, 1128],
+                           [17, 63, 202, 624, 350, 1369, 1086, 929, 1261, 843, 1515, 1655, 2048,
+                            94, 323, 37, 672, 1187, 1246, 1134],
+                           [17, 63, 203, 624, 349, 1369, 1086, 925, 1256, 844, 1515, 1655, 2046,
+                            92, 322, 37, 671, 1187, 1246, 1132],
+                           [17, 61, 203, 624, 350, 1369, 1085, 890, 1256, 836, 1516, 1651, 2043,
+                            88, 323, 37, 669, 1187, 1249, 1143]]},
 }
 PEER["fedproto-during-training"] = PEER["fedproto-shared-init"] = PEER["fedproto"]
 PEER["fedtgp-shared-init"] = PEER["fedtgp-htfllib-prototypes"] = PEER["fedtgp"]
 PEER["fedtgp-one-server-seed"] = PEER["fedtgp"]
 PEER["fedgen-shared-init"] = PEER["fedgen-startup-labels"] = PEER["fedgen"]
 PEER["fedkd-htfllib-codec"] = PEER["fedkd-shared-init"] = PEER["fedkd"]
-PEER["fedl2g-shared-init"] = PEER["fedl2g"]
+PEER["fedl2g-shared-init"] = PEER["fedl2g-htfllib-guide"] = PEER["fedl2g"]
 
 
 def pooled(per_client: Mapping[str, float], test_sizes: Mapping[str, int]) -> float:
@@ -249,6 +272,14 @@ def one_client(method: str, peer: Mapping[str, Any], as_peer: list[dict[str, Any
             + ", ".join(f"{t[worst]:.3f}" for t in theirs) + " | "
             + ", ".join(f"{o[worst]:.3f}" for o in ours)
             + f" | {without(theirs)} | {without(ours)} |")
+
+
+def standard_error(peer: list[float], ours: list[float]) -> float:
+    """The standard error of the difference of the two sides' means (Welch's): 0 where a side
+    has a single run, whose variation is unknown."""
+    if len(peer) < 2 or len(ours) < 2:
+        return 0.0
+    return float(np.sqrt(np.var(peer, ddof=1) / len(peer) + np.var(ours, ddof=1) / len(ours)))
 
 
 def cell(values: list[float]) -> str:
@@ -299,10 +330,12 @@ def main() -> None:
         o_mean, o_std = mean_std([m["pooled"] for m in as_peer])
         spread = (f"{max(p_std, o_std):.4f}" if len(peer_last) > 1 or len(seeds) > 1
                   else "—")
+        error = standard_error(peer_last, [m["pooled"] for m in as_peer])
+        in_errors = f"{(o_mean - p_mean) / error:+.1f}" if peer and error else "—"
         rows.append(
             f"| {method} | {' '.join(map(str, seeds))} | {cell(peer_last) if peer else '—'} "
             f"| {cell([m['pooled'] for m in as_peer])}{' (' + variant + ')' if variant else ''} "
-            f"| {f'{o_mean - p_mean:+.4f}' if peer else '—'} | {spread} "
+            f"| {f'{o_mean - p_mean:+.4f}' if peer else '—'} | {spread} | {in_errors} "
             f"| {cell(peer['best']) if peer else '—'} | {cell([m['best'] for m in as_peer])} "
             f"| {cell([m['pooled'] for m in ours])} | {cell([m['mean'] for m in ours])} |")
         ours_curve = np.mean([m["rounds"] for m in as_peer], axis=0)
@@ -328,9 +361,13 @@ def main() -> None:
         "samples, as HtFLlib computes it; in brackets the variant of ours measured as HtFLlib "
         "measures.", "",
         "| method | our seeds | HtFLlib, last round | ours, as HtFLlib measures | difference | "
-        "larger seed std | HtFLlib, best round | ours, best round | ours, headline pooled | "
-        "ours, per-client mean |",
-        "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+        "larger seed std | difference in standard errors | HtFLlib, best round | "
+        "ours, best round | ours, headline pooled | ours, per-client mean |",
+        "|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+        "The standard error of a difference is sqrt(s_1^2 / n_1 + s_2^2 / n_2), s the sample "
+        "std (n − 1) of each side's runs: a difference within about two of them is what the "
+        "runs' own variation gives at these numbers of runs; \"—\" where a side has one run.",
+        "",
         *([f"Not run here yet: {', '.join(left_out)}.", ""] if left_out else []),
         "After each round, HtFLlib (its first run) / ours (mean over our seeds), measured as "
         "HtFLlib measures:", "",
