@@ -17,6 +17,7 @@ import pytest
 from fedapp.cli.flower import LocalSuperLink, flower_env, group_members, run_status
 from fedapp.cli.run import toml_value
 from fedapp.config import PROJECT_ROOT, read_preset
+from fedapp.runtime.strategy_base import DEVICE_NAME
 
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
@@ -91,6 +92,11 @@ def test_smoke_run_writes_results_with_exact_traffic(smoke_run):
     assert sum(map(len, expected)) > 0
     assert [h["failed_clients"] for h in summary["history"]] == expected
     assert summary["failures"] == sum(map(len, expected))
+    # Each round records where each client that replied trained (a GPU run: "cuda").
+    for record, failed in zip(summary["history"], expected):
+        assert len(record["devices"]) == record["clients_fit"] > 0
+        assert not set(record["devices"]) & {str(p) for p in failed}
+        assert all(DEVICE_NAME.fullmatch(d) for d in record["devices"].values())
     assert "crashes in round" in (run / "flwr.log").read_text()
     assert (run / "checkpoint" / "server.pkl").is_file()
     assert {p.name for p in (run / "client-state").iterdir()} == {

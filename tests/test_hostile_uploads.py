@@ -415,8 +415,10 @@ def test_evaluation_metrics_are_checked_and_results_stay_valid_json(tmp_path):
     manager, proxies = client_manager(strategy)
     strategy.configure_fit(1, None, manager)
     # A method's term-* training diagnostics: only finite numbers reach the results.
-    terms = [{"term-a": math.nan, "term-b": "x"}, {"term-a": 2.0, "term-c": True},
-             {"term-a": 4.0, "term-d": 1e400}]
+    terms = [{"term-a": math.nan, "term-b": "x", "device": "cpu"},
+             {"term-a": 2.0, "term-c": True, "device": "cuda:0", "gpu-peak-mib": 12.5},
+             {"term-a": 4.0, "term-d": 1e400, "device": "cuda" + "x" * 500,
+              "gpu-peak-mib": math.inf}]
     strategy.aggregate_fit(1, [(p, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(
         to_ndarrays(strategy.global_head)), 10, {"partition-id": i, "arch": "cnn1",
                                                  "train-seconds": math.inf, **terms[i]}))
@@ -437,6 +439,9 @@ def test_evaluation_metrics_are_checked_and_results_stay_valid_json(tmp_path):
     assert "global_accuracy_mean" not in record and "variants" not in record
     assert math.isfinite(record["client_seconds"])
     assert record["train_terms"] == {"a": 3.0}
+    # Where each client trained, and its GPU memory: only a device name and a finite number.
+    assert record["devices"] == {"0": "cpu", "1": "cuda:0"}
+    assert record["gpu_peak_mib"] == {"1": 12.5}
     summary = _strict_json((tmp_path / "run" / "summary.json").read_text())
     assert summary["accuracy"]["mean"] == 0.5
 

@@ -425,6 +425,9 @@ class FedClient(NumPyClient):
                                           server_round), self.device):
                 self.message = config  # what a method's visit depends on (CompFL's relays)
                 self.receive(self.read_payload(parameters, config), server_round)
+                on_gpu = self.device.type == "cuda"
+                if on_gpu:  # this message's own peak, not an earlier client's in this actor
+                    torch.cuda.reset_peak_memory_stats(self.device)
                 start = time.perf_counter()
                 stats = self.train(server_round)
                 seconds = time.perf_counter() - start
@@ -437,7 +440,10 @@ class FedClient(NumPyClient):
         self.save_state(server_round)
         self._put_away_state(changed=True)
         metrics = {**self.identity(), "train-loss": stats.loss, "train-seconds": seconds,
-                   "train-samples": stats.samples, **self.fit_metrics()}
+                   "train-samples": stats.samples, "device": str(self.device),
+                   **self.fit_metrics()}
+        if on_gpu:  # what a client of this model needs of a GPU share (client-num-gpus)
+            metrics["gpu-peak-mib"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         return to_ndarrays(upload), len(self.data.train_y), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -91,6 +92,26 @@ def train_terms(uploads: list[Upload]) -> dict[str, float]:
             if key.startswith(TERM_PREFIX) and (number := finite_number(value)) is not None:
                 values.setdefault(key[len(TERM_PREFIX):], []).append(number)
     return {name: float(np.mean(v)) for name, v in sorted(values.items())}
+
+
+# What a client may report as the device it trained on (anything else is left out).
+DEVICE_NAME = re.compile(r"cpu|cuda(:\d{1,3})?")
+
+
+def training_devices(uploads: list[Upload]) -> dict[str, dict[str, Any]]:
+    """Where each client of the round trained (``devices``: partition id -> "cpu", "cuda:0")
+    and, for those on a GPU, the most GPU memory their training held (``gpu_peak_mib``). A
+    value of another form is left out, as for :func:`train_terms`."""
+    devices: dict[str, Any] = {}
+    peaks: dict[str, Any] = {}
+    for upload in uploads:
+        pid = str(upload.client.partition_id)
+        device = upload.metrics.get("device")
+        if isinstance(device, str) and DEVICE_NAME.fullmatch(device):
+            devices[pid] = device
+        if (mib := finite_number(upload.metrics.get("gpu-peak-mib"), low=0.0)) is not None:
+            peaks[pid] = mib
+    return {"devices": devices, **({"gpu_peak_mib": peaks} if peaks else {})}
 
 
 def _seconds(metrics: Mapping[str, Any], key: str) -> float:
@@ -175,6 +196,7 @@ class FedStrategy(Strategy):
         self._client_seconds = 0.0
         self._train_loss: float | None = None  # mean over this round's uploads
         self._train_terms: dict[str, float] = {}  # the same for a method's term-* metrics
+        self._devices: dict[str, dict[str, Any]] = {}  # training_devices of this round
         self._evaluated: list[int] = []  # partition ids asked to evaluate, this round
         self._empty = False  # this round had no usable update
         # Rounds in a row without a usable update, counted on from a resumed run's records.
@@ -349,6 +371,7 @@ class FedStrategy(Strategy):
         self._failed, self._rejected = [], []
         self._client_seconds = 0.0
         self._train_loss, self._train_terms, self._evaluated = None, {}, []
+        self._devices = {}
         self._empty = False
         available = self.list_clients(client_manager)
         n = max(self.cfg.min_fit_clients, math.ceil(self.cfg.fraction_fit * len(available)))
@@ -399,6 +422,7 @@ class FedStrategy(Strategy):
                   if (loss := finite_number(u.metrics.get("train-loss"), low=0.0)) is not None]
         self._train_loss = float(np.mean(losses)) if losses else None
         self._train_terms = train_terms(uploads)
+        self._devices = training_devices(uploads)
         if not uploads:
             # As Flower's own strategies do, the round leaves the state as it was and the run
             # goes on: one bad round (a node down, a squatter refused) need not end a run. Many
@@ -538,6 +562,7 @@ class FedStrategy(Strategy):
                "empty_round": self._empty,
                "train_loss": self._train_loss,
                **({"train_terms": self._train_terms} if self._train_terms else {}),
+               **self._devices,
                # What the round would take if clients were as fast as fedapp.runtime.speeds
                # says: the barrier waits for the slowest client sampled.
                "virtual_seconds": max((update_duration(self.cfg, pid, server_round)
