@@ -44,7 +44,7 @@ TAGS = {
     "updates": "clients/updates",
 }
 # Tables with one value per client: kept out of TensorBoard (see the module docstring).
-PER_CLIENT = {"per_client", "global_per_client"}
+PER_CLIENT = {"per_client", "global_per_client", "devices", "gpu_peak_mib"}
 
 
 def available() -> bool:
