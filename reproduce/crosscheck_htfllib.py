@@ -165,7 +165,8 @@ PEER: dict[str, dict[str, Any]] = {
     "lg-fedavg": {"algorithm": "LG-FedAvg", "last": [0.944536, 0.945393, 0.945907],
                   "best": [0.944536, 0.945393, 0.945907],
                   "rounds": [0.916890, 0.935397, 0.944536]},
-    "fedgh": {"algorithm": "FedGH", "last": [0.858000, 0.830811, 0.859885],
+    # Three runs at torch seed 0 (its server's order is unseeded, so they differ).
+    "fedgh": {"algorithm": "FedGH", "seeds": [0, 0, 0], "last": [0.858000, 0.830811, 0.859885],
               "best": [0.858799, 0.868167, 0.870338],
               "rounds": [0.804764, 0.858799, 0.858000]},
     # Runs at torch seeds 0, 1, 2 (the seed edited in main.py:31 and clientbase.py:20).
@@ -282,6 +283,38 @@ def standard_error(peer: list[float], ours: list[float]) -> float:
     return float(np.sqrt(np.var(peer, ddof=1) / len(peer) + np.var(ours, ddof=1) / len(ours)))
 
 
+def peer_seeds(peer: Mapping[str, Any]) -> list[int]:
+    """The torch seed of each of the peer's runs: 0, 1, ... in order unless it says."""
+    return peer.get("seeds", list(range(len(peer["last"]))))
+
+
+def paired(method: str, peer: Mapping[str, Any], as_peer: list[dict[str, float]],
+           seeds: list[int], out: Path) -> str | None:
+    """Each run minus Local at the same seed, on each side: a run and its Local share initial
+    weights and batches, so the differences keep the method's effect and lose most of the
+    initial weights' lottery. None where a side has no Local at its seeds."""
+    local = PEER["standalone"]
+    theirs = [last - local["last"][s] for last, s in zip(peer["last"], peer_seeds(peer))
+              if s < len(local["last"])]
+    ours = []
+    for seed, m in zip(seeds, as_peer):
+        run = out / f"standalone-{ROUNDS}-rounds-seed{seed}" / "summary.json"
+        if run.exists():
+            ours.append(m["pooled"] - measures(run.parent, None)["pooled"])
+    if not theirs or not ours:
+        return None
+    difference = float(np.mean(ours) - np.mean(theirs))
+    error = standard_error(theirs, ours)
+    return (f"| {method} | {signed_cell(theirs)} | {signed_cell(ours)} | {difference:+.4f} | "
+            + (f"{difference / error:+.1f} |" if error else "— |"))
+
+
+def signed_cell(values: list[float]) -> str:
+    mean, std = mean_std(values)
+    return (f"{mean:+.4f} ± {std:.4f} ({len(values)})" if len(values) > 1
+            else f"{mean:+.4f} (one run)")
+
+
 def cell(values: list[float]) -> str:
     mean, std = mean_std(values)
     return f"{mean:.4f} ± {std:.4f}" if len(values) > 1 else f"{mean:.4f} (one run)"
@@ -306,7 +339,7 @@ def main() -> None:
         raise SystemExit(f"{data_dir} has no config.json: give the folder PFLlib's generator "
                          "wrote (docs/crosscheck.md says how to make it)")
 
-    rows, curves, clients, left_out = [], [], [], []
+    rows, curves, clients, pairs, left_out = [], [], [], [], []
     for method in args.methods:
         name = f"{method}-{args.rounds}-rounds"
         seeds = args.seeds
@@ -344,6 +377,10 @@ def main() -> None:
             for p, o in zip(peer["rounds"] if peer else ours_curve, ours_curve)) + " |")
         if peer and "correct" in peer:
             clients.append(one_client(method, peer, as_peer))
+        # A run from HtFLlib's shared start does not share our Local's initial weights.
+        if peer and method != "standalone" and "model-init" not in METHODS[method] \
+                and (row := paired(method, peer, as_peer, seeds, args.out.resolve())):
+            pairs.append(row)
         if why:
             print(f"[crosscheck] {method}: compared as the peer measures it: {why}")
 
@@ -369,6 +406,13 @@ def main() -> None:
         "runs' own variation gives at these numbers of runs; \"—\" where a side has one run.",
         "",
         *([f"Not run here yet: {', '.join(left_out)}.", ""] if left_out else []),
+        *(["Paired with Local: each run's accuracy (as HtFLlib measures) minus Local's at the "
+           "same seed on the same side, whose run shares its initial weights and its batches; "
+           "mean ± std over the runs (how many in brackets) and the difference of the two "
+           "sides in standard errors. The peer's Local ran at torch seeds 0, 1, 2, so only "
+           "its runs at those seeds pair.", "",
+           "| method | HtFLlib: method − Local | ours: method − Local | difference | "
+           "in standard errors |", "|---|---|---|---|---|", *pairs, ""] if pairs else []),
         "After each round, HtFLlib (its first run) / ours (mean over our seeds), measured as "
         "HtFLlib measures:", "",
         "| method | " + " | ".join(f"round {r}" for r in range(1, args.rounds + 1)) + " |",

@@ -99,6 +99,12 @@ def test_smoke_run_writes_results_with_exact_traffic(smoke_run):
         assert all(DEVICE_NAME.fullmatch(d) for d in record["devices"].values())
     assert "crashes in round" in (run / "flwr.log").read_text()
     assert (run / "checkpoint" / "server.pkl").is_file()
+    # Where the time outside the rounds went, each part measured on one clock.
+    timing = json.loads((run / "timing.json").read_text())
+    assert timing["start_up"] > 0 and timing["end"] >= 0 and timing["status_query"] > 0
+    assert timing["fixed"] == pytest.approx(
+        timing["validate"] + timing["superlink_start"] + timing["stop"] + timing["start_up"]
+        + timing["end"] + timing["status_query"])
     assert {p.name for p in (run / "client-state").iterdir()} == {
         "partition-0", "partition-1", "partition-2"}
 

@@ -163,39 +163,52 @@ def sweep_variants(sweeps: Sequence[str]) -> list[list[tuple[str, Any]]]:
 
 
 def run_on_link(link: LocalSuperLink, cfg: Any, changed: dict[str, Any], run_dir: Path,
-                verbose: bool) -> tuple[str, float]:
-    """Submit one run to a started SuperLink and follow it; (its final status, the seconds
-    from submission to its status)."""
-    start = time.perf_counter()
+                verbose: bool) -> tuple[str, dict[str, float]]:
+    """Submit one run to a started SuperLink and follow it; (its final status, when its
+    phases happened: ``submitted`` as ``flwr run`` was started, ``stream_ended`` as it
+    exited, ``status`` once the status was read; seconds since the epoch, the clock the
+    ServerApp's ``started_at`` uses)."""
+    marks = {"submitted": time.time()}
     run_dir.mkdir(parents=True, exist_ok=True)
     overrides = write_run_config(changed, link.flwr_home / f"{cfg.run_name}.toml")
     federation = cluster.federation_config(cfg)
     cmd = [str(BIN / "flwr"), "run", str(PROJECT_ROOT), "--stream",
            "--run-config", str(overrides), "--federation-config", federation]
     run_id = stream_run(cmd, link.env, run_dir / "flwr.log", verbose)
+    marks["stream_ended"] = time.time()
     status = run_status(link.env, run_id) if run_id else "unknown (no run id)"
-    return status, time.perf_counter() - start
+    marks["status"] = time.time()
+    return status, marks
 
 
-def report_fixed_cost(run_dir: Path, phases: dict[str, float], shared_by: int) -> None:
+def report_fixed_cost(run_dir: Path, phases: dict[str, float], marks: dict[str, float],
+                      shared_by: int) -> None:
     """Write ``timing.json`` (where a run's time went outside its rounds) and say it in one
-    line. The fixed cost is everything but the ServerApp's own ``wall_seconds`` (first round
-    to last evaluation): settings and data checked here, SuperLink start, submission, the
-    ServerApp's start and end, the status query and the shutdown; a sweep shares the
-    SuperLink's start and stop among its runs."""
+    line. The fixed cost is everything but the ServerApp's own ``wall_seconds`` (from its
+    recorder's start to the summary): settings and data checked here, SuperLink start, the
+    run's start-up (``flwr run``'s submission, the simulation process and the ServerApp
+    loading the data), its end (Ray's shutdown, the log stream's end), the status query and
+    the shutdown; a sweep shares the SuperLink's start and stop among its runs."""
     summary = run_dir / "summary.json"
     if not summary.exists():
         return
-    wall = float(json.loads(summary.read_text())["wall_seconds"])
-    timing = {**phases, "server_app_wall": wall, "shared_by": shared_by,
-              "fixed": (phases["validate"] + phases["superlink_start"] + phases["stop"])
-              / shared_by + phases["flwr_run"] - wall}
+    record = json.loads(summary.read_text())
+    wall = float(record["wall_seconds"])
+    started = float(record.get("started_at", marks["submitted"]))
+    timing = {**phases, "flwr_run": marks["status"] - marks["submitted"],
+              "start_up": started - marks["submitted"],
+              "end": marks["stream_ended"] - started - wall,
+              "status_query": marks["status"] - marks["stream_ended"],
+              "server_app_wall": wall, "shared_by": shared_by}
+    timing["fixed"] = ((phases["validate"] + phases["superlink_start"] + phases["stop"])
+                       / shared_by + timing["flwr_run"] - wall)
     (run_dir / "timing.json").write_text(json.dumps(timing, indent=1) + "\n")
     print(f"fedapp: fixed cost {timing['fixed']:.0f} s (settings and data "
           f"{phases['validate']:.0f} s, SuperLink start {phases['superlink_start']:.0f} s"
           + (f" shared by {shared_by} runs" if shared_by > 1 else "")
-          + f", submission, ServerApp start and end {phases['flwr_run'] - wall:.0f} s, "
-          f"shutdown {phases['stop']:.0f} s) beside {wall:.0f} s of rounds", flush=True)
+          + f", the run's start-up {timing['start_up']:.0f} s and end {timing['end']:.0f} s, "
+          f"status {timing['status_query']:.0f} s, shutdown {phases['stop']:.0f} s) beside "
+          f"{wall:.0f} s of rounds", flush=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -225,7 +238,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(runs) > 1:
         print(f"fedapp: a sweep of {len(runs)} runs on one SuperLink: "
               + ", ".join(run_dir.name for _, _, run_dir in runs), flush=True)
-    ended: list[tuple[str, Path, float]] = []
+    ended: list[tuple[str, Path, dict[str, float]]] = []
     try:
         mark = time.perf_counter()
         link.start()
@@ -233,20 +246,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         for cfg, changed, run_dir in runs:
             print(f"fedapp: {cfg.method} on {cfg.dataset}, {cfg.num_clients} clients, "
                   f"{cfg.num_server_rounds} rounds -> {run_dir}", flush=True)
-            status, seconds = run_on_link(link, cfg, changed, run_dir, args.verbose)
-            ended.append((status, run_dir, seconds))
+            status, marks = run_on_link(link, cfg, changed, run_dir, args.verbose)
+            ended.append((status, run_dir, marks))
     except KeyboardInterrupt:
-        ended.append(("interrupted", runs[len(ended)][2], 0.0))
+        ended.append(("interrupted", runs[len(ended)][2], {}))
     except RuntimeError as exc:
-        ended.append((f"failed to start: {exc}", runs[len(ended)][2], 0.0))
+        ended.append((f"failed to start: {exc}", runs[len(ended)][2], {}))
     finally:
         mark = time.perf_counter()
         link.stop()
         phases["stop"] = time.perf_counter() - mark
         shutil.rmtree(flwr_home, ignore_errors=True)
     codes = []
-    for status, run_dir, seconds in ended:
-        report_fixed_cost(run_dir, {**phases, "flwr_run": seconds}, len(runs))
+    for status, run_dir, marks in ended:
+        if marks:
+            report_fixed_cost(run_dir, phases, marks, len(runs))
         codes.append(report_run(status, run_dir))
     # A sweep fails if any of its runs did not complete, or never started after an
     # interruption.

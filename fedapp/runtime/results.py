@@ -185,7 +185,10 @@ class Recorder:
                 # What the run takes if clients are as fast as fedapp.runtime.speeds says.
                 "virtual_seconds": float(sum(h.get("virtual_seconds", 0.0)
                                              for h in self.history)),
-                "wall_seconds": time.time() - self.started, "history": self.history}
+                "wall_seconds": time.time() - self.started,
+                # When the ServerApp began recording (seconds since the epoch): what came before
+                # it, the run's start-up, is told apart from its end (fedapp.cli.run).
+                "started_at": self.started, "history": self.history}
 
     def finish(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write ``summary.json`` (with a loop's ``extra`` keys) and the plot; return it."""
