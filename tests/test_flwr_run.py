@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedapp.cli.flower import LocalSuperLink, flower_env, group_members, run_status
+from fedapp.cli.flower import (LocalSuperLink, _local_run_status, flower_env, group_members,
+                                run_status)
 from fedapp.cli.run import toml_value
 from fedapp.config import PROJECT_ROOT, read_preset
 from fedapp.runtime.strategy_base import DEVICE_NAME
@@ -175,6 +176,8 @@ def test_plain_flwr_run_of_asynchronous_fedhe_commits_as_the_in_process_referenc
         run_id = next(line.split()[-1] for line in proc.stdout.splitlines()
                       if "Successfully started run" in line)
         assert run_status(link.env, run_id) == "finished:completed", proc.stdout[-3000:]
+        # fedapp asks its own SuperLink in process, and hears what `flwr list` says.
+        assert _local_run_status(f"127.0.0.1:{link.http_port}", run_id) == "finished:completed"
     finally:
         link.stop()
     assert link.process.poll() is not None  # nothing left running

@@ -176,7 +176,8 @@ def run_on_link(link: LocalSuperLink, cfg: Any, changed: dict[str, Any], run_dir
            "--run-config", str(overrides), "--federation-config", federation]
     run_id = stream_run(cmd, link.env, run_dir / "flwr.log", verbose)
     marks["stream_ended"] = time.time()
-    status = run_status(link.env, run_id) if run_id else "unknown (no run id)"
+    status = (run_status(link.env, run_id, f"127.0.0.1:{link.http_port}") if run_id
+              else "unknown (no run id)")
     marks["status"] = time.time()
     return status, marks
 
