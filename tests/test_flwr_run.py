@@ -110,6 +110,31 @@ def test_smoke_run_writes_results_with_exact_traffic(smoke_run):
         "partition-0", "partition-1", "partition-2"}
 
 
+def test_the_app_is_submitted_from_a_lean_copy_whose_fab_is_the_same(tmp_path):
+    # flwr run lists every file under the app's folder (a .venv inside the project too)
+    # before it filters; fedapp submits a copy without what the FAB leaves out anyway.
+    from flwr.cli.build import build_fab_from_disk
+
+    from fedapp.cli.flower import stage_app
+    (tmp_path / "project").mkdir()
+    root = tmp_path / "project"
+    for rel, text in {"pyproject.toml": (PROJECT_ROOT / "pyproject.toml").read_text(),
+                      ".gitignore": "results/\n*.log\n", "fedapp/__init__.py": "",
+                      "fedapp/run.py": "x = 1\n", "docs/a.md": "# a\n", "kept.log": "",
+                      "results/r/summary.json": "{}", ".venv/lib/site.py": "",
+                      "fedapp/__pycache__/run.cpython-311.pyc": ""}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    app = stage_app(root, tmp_path / "app")
+    assert {p.relative_to(app).as_posix() for p in app.rglob("*") if p.is_file()} == {
+        "pyproject.toml", ".gitignore", "fedapp/__init__.py", "fedapp/run.py", "docs/a.md",
+        "kept.log"}
+    assert build_fab_from_disk(app) == build_fab_from_disk(root)
+    # And this project itself, .venv and results included where they are.
+    assert build_fab_from_disk(stage_app(PROJECT_ROOT, tmp_path / "this")) == \
+        build_fab_from_disk(PROJECT_ROOT)
+
+
 def test_ray_workers_run_at_the_simulations_priority_unless_the_user_says(monkeypatch):
     # Ray's default (15) starved the virtual clients' threads beside the polling processes.
     monkeypatch.delenv("RAY_worker_niceness", raising=False)

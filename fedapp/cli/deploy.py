@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from fedapp.cli.flower import BIN, flower_env, run_status, stream_run
+from fedapp.cli.flower import BIN, flower_env, run_status, stage_app, stream_run
 from fedapp.cli.run import report_run, resolve_run, resolve_settings, write_run_config
 from fedapp.config import PROJECT_ROOT, ConfigError
 
@@ -274,7 +274,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     overrides = write_run_config(changed, run_dir / "run-config.toml")
     print(f"fedapp: {cfg.method} on {cfg.dataset}, {cfg.num_clients} SuperNodes, "
           f"{cfg.num_server_rounds} rounds -> {run_dir}", flush=True)
-    cmd = [str(BIN / "flwr"), "run", str(PROJECT_ROOT), CONNECTION, "--stream",
+    app = stage_app(PROJECT_ROOT, flwr_home / "app")
+    cmd = [str(BIN / "flwr"), "run", str(app), CONNECTION, "--stream",
            "--run-config", str(overrides)]
     try:
         run_id = stream_run(cmd, env, run_dir / "flwr.log", args.verbose)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from fedapp.cli import cluster
-from fedapp.cli.flower import BIN, LocalSuperLink, run_status, stream_run
+from fedapp.cli.flower import BIN, LocalSuperLink, run_status, stage_app, stream_run
 from fedapp.config import (PROJECT_ROOT, SHARED_KEYS, ConfigError, default_run_name,
                            explicit_layers, format_explicit, parse_override, pyproject_defaults,
                            read_preset, resolve_preset, toml_value)
@@ -162,9 +162,10 @@ def sweep_variants(sweeps: Sequence[str]) -> list[list[tuple[str, Any]]]:
     return variants
 
 
-def run_on_link(link: LocalSuperLink, cfg: Any, changed: dict[str, Any], run_dir: Path,
-                verbose: bool) -> tuple[str, dict[str, float]]:
-    """Submit one run to a started SuperLink and follow it; (its final status, when its
+def run_on_link(link: LocalSuperLink, app: Path, cfg: Any, changed: dict[str, Any],
+                run_dir: Path, verbose: bool) -> tuple[str, dict[str, float]]:
+    """Submit one run of the app staged in ``app`` (``stage_app``) to a started SuperLink and
+    follow it; (its final status, when its
     phases happened: ``submitted`` as ``flwr run`` was started, ``stream_ended`` as it
     exited, ``status`` once the status was read; seconds since the epoch, the clock the
     ServerApp's ``started_at`` uses)."""
@@ -172,7 +173,7 @@ def run_on_link(link: LocalSuperLink, cfg: Any, changed: dict[str, Any], run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     overrides = write_run_config(changed, link.flwr_home / f"{cfg.run_name}.toml")
     federation = cluster.federation_config(cfg)
-    cmd = [str(BIN / "flwr"), "run", str(PROJECT_ROOT), "--stream",
+    cmd = [str(BIN / "flwr"), "run", str(app), "--stream",
            "--run-config", str(overrides), "--federation-config", federation]
     run_id = stream_run(cmd, link.env, run_dir / "flwr.log", verbose)
     marks["stream_ended"] = time.time()
@@ -244,10 +245,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         mark = time.perf_counter()
         link.start()
         phases["superlink_start"] = time.perf_counter() - mark
+        app = stage_app(PROJECT_ROOT, flwr_home / "app")  # once: a sweep runs one snapshot
         for cfg, changed, run_dir in runs:
             print(f"fedapp: {cfg.method} on {cfg.dataset}, {cfg.num_clients} clients, "
                   f"{cfg.num_server_rounds} rounds -> {run_dir}", flush=True)
-            status, marks = run_on_link(link, cfg, changed, run_dir, args.verbose)
+            status, marks = run_on_link(link, app, cfg, changed, run_dir, args.verbose)
             ended.append((status, run_dir, marks))
     except KeyboardInterrupt:
         ended.append(("interrupted", runs[len(ended)][2], {}))
