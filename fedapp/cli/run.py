@@ -165,10 +165,9 @@ def sweep_variants(sweeps: Sequence[str]) -> list[list[tuple[str, Any]]]:
 def run_on_link(link: LocalSuperLink, app: Path, cfg: Any, changed: dict[str, Any],
                 run_dir: Path, verbose: bool) -> tuple[str, dict[str, float]]:
     """Submit one run of the app staged in ``app`` (``stage_app``) to a started SuperLink and
-    follow it; (its final status, when its
-    phases happened: ``submitted`` as ``flwr run`` was started, ``stream_ended`` as it
-    exited, ``status`` once the status was read; seconds since the epoch, the clock the
-    ServerApp's ``started_at`` uses)."""
+    follow it. Returns its final status and when its phases happened (seconds since the
+    epoch, the clock of the ServerApp's ``started_at``): ``submitted`` as ``flwr run`` was
+    started, ``stream_ended`` as it exited, ``status`` once the status was read."""
     marks = {"submitted": time.time()}
     run_dir.mkdir(parents=True, exist_ok=True)
     overrides = write_run_config(changed, link.flwr_home / f"{cfg.run_name}.toml")
