@@ -170,6 +170,9 @@ def test_slow_clients_update_less_and_arrive_stale(tmp_path):
     stale = [u["staleness"] for u in updates if u["client"] == slow[0] and u["client_update"] > 1]
     assert min(stale) >= 3  # the fast clients committed meanwhile
     assert summary["staleness"]["max"] == max(u["staleness"] for u in updates)
+    # Each committed update says where it trained (these clients run in this process).
+    from fedapp.runtime.training import pick_device
+    assert {u.get("device") for u in updates if u["status"] == "ok"} == {str(pick_device())}
     # With no stragglers every client gets the same number of updates.
     even, _, _ = run_async(tmp_path, "e", num_server_rounds=2)
     assert set(even["updates"]["per_client"].values()) == {2}

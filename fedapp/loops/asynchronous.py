@@ -50,7 +50,8 @@ from fedapp.loops import grid_io
 from fedapp.runtime.payload import PayloadError, WireSize, wire_size
 from fedapp.runtime.results import Recorder, format_accuracy, plot_timeline, round_record
 from fedapp.runtime.speeds import update_duration
-from fedapp.runtime.strategy_base import Encoder, FedStrategy, RoundFailed, Upload, finite_number
+from fedapp.runtime.strategy_base import (Encoder, FedStrategy, RoundFailed, Upload,
+                                         finite_number, training_devices)
 
 
 LOOP_NAMES = {"async": "asynchronous", "walk": "walk (D/D)", "gossip": "gossip (M/M)"}
@@ -237,6 +238,7 @@ class AsyncLoop:
         self.window["framing_down"] += work.down.framing
         self.window["clients_sampled"] += 1
         status, reason, up, res = "ok", "", 0, None
+        trained_on: dict[str, Any] = {}  # where an accepted update trained (its device, memory)
         try:
             res = grid_io.fit_result(reply)
             size = wire_size(res.parameters)
@@ -272,6 +274,9 @@ class AsyncLoop:
                 self._lost(work, committed=True)
             else:
                 self._fold(work, upload, res)
+                trained_on = {"device" if key == "devices" else key: values[str(pid)]
+                              for key, values in training_devices([upload]).items()
+                              if str(pid) in values}
                 self.window["clients_fit"] += 1
                 if (loss := finite_number(upload.metrics.get("train-loss"), low=0.0)) is not None:
                     self.window["losses"].append(loss)
@@ -284,7 +289,8 @@ class AsyncLoop:
                   "virtual_start": work.virtual_start, "virtual_end": work.virtual_end,
                   "wall_start": work.wall_start - self.recorder.started,
                   "wall_end": wall_end - self.recorder.started,
-                  "bytes_down": work.down.total, "bytes_up": up, **self._describe(work)}
+                  "bytes_down": work.down.total, "bytes_up": up, **trained_on,
+                  **self._describe(work)}
         if reason:
             record["reason"] = reason
         self.updates.append(record)
