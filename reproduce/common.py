@@ -4,6 +4,7 @@ and a plot. Each script in this folder writes one table and one plot into ``docs
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -67,6 +68,37 @@ def run_seeds(preset: str | None, overrides: Mapping[str, Any], run_name: str,
               flush=True)
     return [run_experiment(preset, {**overrides, "seed": s}, f"{run_name}-seed{s}", out_dir)
             for s in seeds]
+
+
+def run_parallel(experiments: Sequence[tuple[str | None, Mapping[str, Any], str]],
+                 out_dir: Path, jobs: int) -> None:
+    """Run the (preset, overrides, run name) experiments that have no summary yet, ``jobs`` at a
+    time — each ``fedapp run`` has its own SuperLink and Ray instance — for a machine with cores
+    (or a GPU) to spare; the script then reads them through ``run_experiment``, which reuses
+    them. Every failure is reported, the others still run; then it raises."""
+    from concurrent.futures import ThreadPoolExecutor
+    todo = [e for e in experiments if not (out_dir / e[2] / "summary.json").exists()]
+    if jobs <= 1 or not todo:
+        return
+    print(f"[reproduce] {len(todo)} runs, {jobs} at a time", flush=True)
+    with ThreadPoolExecutor(jobs) as pool:
+        futures = {e[2]: pool.submit(run_experiment, *e, out_dir) for e in todo}
+    failed = [name for name, f in futures.items() if f.exception() is not None]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(todo)} runs failed: {', '.join(failed)}")
+
+
+def add_resource_options(parser: argparse.ArgumentParser) -> None:
+    """``--jobs`` and ``--client-num-gpus``: how a script's runs use the machine. Neither
+    changes what a run computes, so runs made either way are reused alike."""
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at once, each its own SuperLink and Ray instance (default 1)")
+    parser.add_argument("--client-num-gpus", type=float, default=0.0,
+                        help="each virtual client's share of a GPU (default 0: on the CPU)")
+
+
+def resource_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {"client-num-gpus": args.client_num_gpus} if args.client_num_gpus > 0 else {}
 
 
 def training_caption(preset: str, overrides: Mapping[str, Any] = ()) -> str:

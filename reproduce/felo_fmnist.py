@@ -13,6 +13,7 @@ curves into docs/felo-fmnist.png.
     .venv/bin/python reproduce/felo_fmnist.py --seeds 0 --rounds 10
     .venv/bin/python reproduce/felo_fmnist.py --quick            # one tiny run per method,
                                                                  # to check the pipeline only
+    .venv/bin/python reproduce/felo_fmnist.py --jobs 14 --client-num-gpus 0.5   # on a GPU
 
 ``--quick`` writes its tables to the output folder, never into docs/. Finished runs are reused
 (their summary.json), so an interrupted reproduction resumes.
@@ -25,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (ROOT, cell, mean_std, per_client_accuracies, plot_panels, run_experiment,
+from common import (ROOT, add_resource_options, cell, mean_std, per_client_accuracies,
+                    plot_panels, resource_overrides, run_experiment, run_parallel,
                     write_generated)
 
 PRESET = "felo-fmnist"
@@ -96,9 +98,11 @@ def main() -> None:
                         help="one seed, 2 rounds, small shards; tables go to --out only")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "reproduce-felo")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "felo.md")
+    add_resource_options(parser)
     args = parser.parse_args()
 
     extra = {} if args.rounds is None else {"num-server-rounds": args.rounds}
+    resources = resource_overrides(args)
     seeds = args.seeds
     out = args.out.resolve()
     doc, splits, homogeneous = args.doc, SPLITS, HOMOGENEOUS
@@ -106,11 +110,19 @@ def main() -> None:
         extra, seeds, out = {**QUICK, **extra}, seeds[:1], out / "quick"
         doc, splits, homogeneous = out / "felo.md", SPLITS[:1], HOMOGENEOUS[:1]
 
-    def runs(label: str, overrides: dict, split: str, split_overrides: dict,
-             tag: str) -> list[dict]:
+    def experiments(label: str, overrides: dict, split: str, split_overrides: dict,
+                    tag: str) -> list[tuple[str, dict, str]]:
         name = f"{tag}-{split.split()[0].lower()}-{label.lower()}"
-        return [run_experiment(PRESET, {**overrides, **split_overrides, "seed": seed, **extra},
-                               f"{name}-seed{seed}", out) for seed in seeds]
+        return [(PRESET, {**overrides, **split_overrides, "seed": seed, **extra, **resources},
+                 f"{name}-seed{seed}") for seed in seeds]
+
+    def runs(*setting) -> list[dict]:
+        return [run_experiment(*e, out) for e in experiments(*setting)]
+
+    run_parallel([e for split, split_overrides in splits
+                  for tag, methods in (("hetero", HETEROGENEOUS), ("homo", homogeneous))
+                  for label, o in methods
+                  for e in experiments(label, o, split, split_overrides, tag)], out, args.jobs)
 
     tables, panels = [], {}
     for split, split_overrides in splits:
