@@ -25,7 +25,8 @@ Choices, each a setting (docs/htfl-methods-1.md):
   own detached logits; under raw targets that pulls o towards itself with a nonzero gradient.
 - ``fd.history``: which uploads the server averages. ``round`` (HtFLlib) replaces the table
   with each round's senders; ``latest-per-client`` keeps every client's newest upload, the
-  store that lets the server fold in one upload at a time (``server-loop = "async"``). With
+  store that lets the server fold in one upload at a time (``server-loop = "async"``); the
+  default ``auto`` takes the first in synchronous rounds and the second in that loop. With
   every client in every round both are the same.
 """
 
@@ -89,6 +90,7 @@ class FD(FedStrategy):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.settings: FDSettings = self.cfg.settings
+        self.history = self.settings.resolved_history(self.cfg)
         c = self.num_classes
         self.client_logits: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # pid -> (labels, F)
         self.sums = np.zeros((c, c), np.float64)
@@ -112,7 +114,7 @@ class FD(FedStrategy):
         check_class_logits(payload)  # the same upload as FedHe's
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
-        if self.settings.history == "round":
+        if self.history == "round":
             self.client_logits = {}
         for u in uploads:
             self.client_logits[u.client.partition_id] = (

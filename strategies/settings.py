@@ -493,16 +493,23 @@ class FDSettings:
                            "(default: their softmax, distillation at temperature 1)")
     self_target: bool = opt(False, "HtFLlib parity: a sample whose class has no global logits "
                             "targets its own detached logits (default: it adds nothing)")
-    history: str = opt("round", "uploads the server averages: 'round' (the last round's "
-                       "senders, HtFLlib) or 'latest-per-client' (each client's newest; needed "
-                       "by server-loop = 'async')", choices=("round", "latest-per-client"))
+    history: str = opt("auto", "uploads the server averages: 'round' (the last round's "
+                       "senders, HtFLlib), 'latest-per-client' (each client's newest) or "
+                       "'auto' (round in synchronous rounds; latest-per-client with "
+                       "server-loop = 'async', which has no rounds)",
+                       choices=("auto", "round", "latest-per-client"))
 
     def check(self, cfg: RunConfig) -> None:
         if cfg.server_loop == "async" and self.history == "round":
             raise ConfigError(
                 "setting fd.history = 'round' is invalid with server-loop = 'async': without "
                 "rounds the server keeps each client's latest logits; set fd.history = "
-                "\"latest-per-client\".")
+                "\"latest-per-client\" (or leave it at \"auto\").")
+
+    def resolved_history(self, cfg: RunConfig) -> str:
+        if self.history != "auto":
+            return self.history
+        return "latest-per-client" if cfg.server_loop == "async" else "round"
 
 
 # -- FedRE: strategies/fedre.py -------------------------------------------------------------------

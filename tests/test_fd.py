@@ -131,6 +131,13 @@ def test_the_upload_is_the_plain_mean_of_the_training_time_logits():
 
 def test_the_asynchronous_loop_needs_the_latest_per_client_history():
     with pytest.raises(ConfigError, match="fd.history"):
-        cfg_of(method="fd", server_loop="async")
+        cfg_of(method="fd", server_loop="async", **{"fd.history": "round"})
     assert cfg_of(method="fd", server_loop="async",
                   **{"fd.history": "latest-per-client"}).method == "fd"
+
+
+def test_the_default_history_is_the_rounds_in_rounds_and_the_latest_per_client_async():
+    for loop, history in (("rounds", "round"), ("async", "latest-per-client")):
+        strategy = make_strategy("fd", num_clients=3, arch_mix="cnn1", sizes=[10] * 3,
+                                 server_loop=loop)
+        assert strategy.history == history
