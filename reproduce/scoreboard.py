@@ -23,6 +23,7 @@ its generated markers) and docs/scoreboard.png.
     .venv/bin/python reproduce/scoreboard.py --settings dir0.3            # one column
     .venv/bin/python reproduce/scoreboard.py --settings dir0.3 --methods fedgh fd
     .venv/bin/python reproduce/scoreboard.py --table-only                 # runs nothing
+    .venv/bin/python reproduce/scoreboard.py --jobs 4                     # 4 runs at once
 
 Finished runs are reused (results/scoreboard/), so an interrupted scoreboard resumes and a
 column run alone joins the others in the table; cells whose runs do not exist read "not run".
@@ -39,7 +40,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, mean_std, mean_client_accuracy, run_seeds, write_generated  # noqa: E402
+from common import (ROOT, add_resource_options, mean_std, mean_client_accuracy,  # noqa: E402
+                    resource_overrides, run_parallel, run_seeds, write_generated)
 
 SCRIPT = "reproduce/scoreboard.py"
 OUT = ROOT / "results" / "scoreboard"
@@ -65,6 +67,16 @@ ROUNDS_ONLY = {"dir0.3-p30"}          # settings that only the synchronous loop 
 ONE_ARCH = {"arch-mix": "cnn5"}       # FedAvg: the smallest CNN of the mix
 
 
+def variants() -> dict[str, tuple[dict[str, Any], str]]:
+    """A row's variant -> (its overrides, its label). ``cnn5``: one architecture (FedAvg and its
+    Standalone); ``htfllib-recipe``: Standalone trained as HtFLlib trains (FD's recipe: plain
+    SGD, a new optimizer every round), which tells a recipe's share of a difference from the
+    method's for the methods that train so."""
+    from strategies import METHODS
+    return {"": ({}, ""), "cnn5": (ONE_ARCH, f"{ONE_ARCH['arch-mix']} only"),
+            "htfllib-recipe": (dict(METHODS["fd"].recipe), "HtFLlib's recipe")}
+
+
 def rows() -> list[tuple[str, str]]:
     """(method, loop) for every registered method and every loop it can run."""
     from strategies import METHODS
@@ -78,25 +90,51 @@ def rows() -> list[tuple[str, str]]:
     return out
 
 
-def run_name(setting: str, method: str, loop: str, one_arch: bool) -> str:
+def run_name(setting: str, method: str, loop: str, variant: str) -> str:
     name = f"{setting}-{method}" + ("" if loop == "rounds" else f"-{loop}")
-    return re.sub(r"[^a-z0-9.]+", "-", name) + ("-cnn5" if one_arch else "")
+    return re.sub(r"[^a-z0-9.]+", "-", name) + (f"-{variant}" if variant else "")
 
 
-def overrides(setting: str, method: str, loop: str, one_arch: bool) -> dict[str, Any]:
+def overrides(setting: str, method: str, loop: str, variant: str) -> dict[str, Any]:
     return {**COMMON, **SETTINGS[setting][1], "method": method,
             **({} if loop == "rounds" else {"server-loop": loop}),
-            **(ONE_ARCH if one_arch else {})}
+            **variants()[variant][0]}
 
 
-def runs(setting: str, method: str, loop: str, one_arch: bool, seeds: list[int],
-         execute: bool, out: Path) -> list[dict] | None:
-    """The seeds' summaries; ``execute`` runs the missing ones, otherwise None if any is."""
-    name = run_name(setting, method, loop, one_arch)
+def runs(setting: str, method: str, loop: str, variant: str, seeds: list[int],
+         execute: bool, out: Path, resources: dict[str, Any]) -> list[dict] | None:
+    """The seeds' summaries; ``execute`` runs the missing ones (with ``resources``, which
+    change no result), otherwise None if any is."""
+    name = run_name(setting, method, loop, variant)
     if not execute and not all((out / f"{name}-seed{s}" / "summary.json").exists()
                                for s in seeds):
         return None
-    return run_seeds(None, overrides(setting, method, loop, one_arch), name, seeds, out)
+    return run_seeds(None, {**overrides(setting, method, loop, variant), **resources}, name,
+                     seeds, out)
+
+
+RECIPE_KEY = ("standalone", "rounds", "htfllib-recipe")
+
+
+def htfllib_trained(method: str) -> bool:
+    """Whether ``method``'s clients train as the HtFLlib-recipe Standalone does (the same
+    optimizer, learning rate, momentum, weight decay and optimizer lifetime)."""
+    from strategies import METHODS
+    keys = ("optimizer", "lr", "momentum", "weight-decay", "optimizer-state")
+    recipe, reference = dict(METHODS[method].recipe), variants()["htfllib-recipe"][0]
+    return method != "standalone" and all(recipe.get(k) == reference.get(k) for k in keys)
+
+
+def paired(mine: list[dict], base: list[dict]) -> tuple[float, float]:
+    """Mean ± std over the seeds of the seed-by-seed difference: a run and its Standalone
+    share the partition and the models' initial weights, so this spread is the one that
+    tells whether the method changed anything."""
+    return mean_std(mean_client_accuracy(x) - mean_client_accuracy(y) for x, y in zip(mine, base))
+
+
+def label(method: str, loop: str, variant: str) -> str:
+    notes = [x for x in (loop if loop not in ("", "rounds") else "", variants()[variant][1]) if x]
+    return method + (f" ({', '.join(notes)})" if notes else "")
 
 
 def traffic(summary: dict) -> float:
@@ -116,21 +154,30 @@ def main() -> None:
     parser.add_argument("--table-only", action="store_true",
                         help="run nothing: write the table from the runs that exist")
     parser.add_argument("--out", type=Path, default=OUT)
+    add_resource_options(parser)
     args = parser.parse_args()
-    out, seeds = args.out.resolve(), args.seeds
+    out, seeds, resources = args.out.resolve(), args.seeds, resource_overrides(args)
     chosen = set(args.methods or METHODS) | {"standalone"}
 
-    table: dict[tuple[str, str, bool], dict[str, list[dict] | None]] = {}
+    cells = []  # (row key, setting, whether to run what is missing)
     for method, loop in rows():
-        one_arch = METHODS[method].homogeneous_only
-        keys = [(method, loop, one_arch)] + ([("standalone", "rounds", True)] if one_arch else [])
-        for key in keys:
-            for setting in SETTINGS:
-                if loop != "rounds" and setting in ROUNDS_ONLY:
-                    continue
-                execute = (not args.table_only and setting in args.settings
-                           and method in chosen)
-                table.setdefault(key, {})[setting] = runs(setting, *key, seeds, execute, out)
+        if METHODS[method].homogeneous_only:
+            keys = [(method, loop, "cnn5"), ("standalone", "rounds", "cnn5")]
+        else:
+            keys = [(method, loop, "")] + ([("standalone", "rounds", "htfllib-recipe")]
+                                           if method == "standalone" else [])
+        cells += [(key, setting, not args.table_only and setting in args.settings
+                   and method in chosen)
+                  for key in keys for setting in SETTINGS
+                  if loop == "rounds" or setting not in ROUNDS_ONLY]
+    run_parallel([(None, {**overrides(setting, *key), "seed": seed, **resources},
+                   f"{run_name(setting, *key)}-seed{seed}")
+                  for key, setting, execute in cells if execute for seed in seeds],
+                 out, args.jobs)
+    table: dict[tuple[str, str, str], dict[str, list[dict] | None]] = {}
+    for key, setting, execute in cells:
+        table.setdefault(key, {})[setting] = runs(setting, *key, seeds, execute, out,
+                                                  resources)
 
     columns = [s for s in SETTINGS if any(cells.get(s) for cells in table.values())]
     lines = [
@@ -138,15 +185,18 @@ def main() -> None:
         + ("" if seeds == SEEDS else f" --seeds {' '.join(map(str, seeds))}") + ". "
         "Mean per-client local-test accuracy after round 20, ± std over the seeds "
         f"({len(seeds)} per cell), and in brackets its difference to Standalone on the same "
-        "setting and architectures. Traffic: bytes of arrays up + down per participating "
+        "setting and architectures, seed by seed (the same partition and initial weights): "
+        "mean ± std of the differences; for a method that trains as HtFLlib does, also the "
+        "difference to the Standalone trained so (\"at its recipe\"). Traffic: bytes of arrays up + down per participating "
         "client per round; seconds: wall-clock seconds per round of the whole run, on the "
         "machine that made the table (indicative: see docs/benchmarks.md for timings).", "",
         "| method | loop | " + " | ".join(SETTINGS[s][0] for s in columns)
         + " | traffic / client / round | s / round |",
         "|---|---|" + "---|" * len(columns) + "---|---|"]
     bars: dict[str, dict[str, float]] = {}
-    for (method, loop, one_arch), cells in table.items():
-        base = table[("standalone", "rounds", one_arch)]
+    notes: list[str] = []  # the other predictions a method reports (summary accuracy.variants)
+    for (method, loop, variant), cells in table.items():
+        base_key = ("standalone", "rounds", "cnn5" if variant == "cnn5" else "")
         texts, done = [], []
         for s in columns:
             mine = cells.get(s)
@@ -155,18 +205,29 @@ def main() -> None:
                 continue
             mean, std = mean_std(mean_client_accuracy(x) for x in mine)
             text = f"{mean:.3f} ± {std:.3f}"
-            if base.get(s) and method != "standalone":
-                diff = mean - mean_std(mean_client_accuracy(x) for x in base[s])[0]
-                text += f" ({diff:+.3f})"
-                bars.setdefault(SETTINGS[s][0], {})[
-                    method + ("" if loop == "rounds" else f" ({loop})")] = diff
+            base = table[base_key].get(s)
+            if base and (method, loop, variant) != base_key:
+                diff, diff_std = paired(mine, base)
+                text += f" ({diff:+.3f} ± {diff_std:.3f}"
+                recipe_base = table[RECIPE_KEY].get(s) if htfllib_trained(method) else None
+                if recipe_base:
+                    text += "; {:+.3f} ± {:.3f} at its recipe".format(*paired(mine, recipe_base))
+                text += ")"
+                bars.setdefault(SETTINGS[s][0], {})[label(method, loop, variant)] = diff
             texts.append(text)
             done += mine
-        label = method + (f" ({ONE_ARCH['arch-mix']} only)" if one_arch else "")
+            for name in mine[0]["accuracy"].get("variants", {}):
+                values = [x["accuracy"]["variants"][name]["mean"] for x in mine]
+                notes.append(f"- {label(method, loop, variant)}, {SETTINGS[s][0]}: {name} "
+                             "{:.3f} ± {:.3f}".format(*mean_std(values)))
         cost = (f"{human_bytes(np.mean([traffic(x) for x in done]))} | "
                 f"{np.mean([x['wall_seconds'] / x['rounds'] for x in done]):.1f}"
                 if done else "— | —")
-        lines.append(f"| {label} | {loop} | " + " | ".join(texts) + f" | {cost} |")
+        lines.append(f"| {label(method, '', variant)} | {loop} | " + " | ".join(texts)
+                     + f" | {cost} |")
+    if notes:
+        lines += ["", "The same runs' other predictions (mean over clients, ± std over the "
+                  "seeds), where a method reports one beside its headline:", "", *notes]
     write_generated(DOC, SCRIPT, "\n".join(lines))
     if bars:
         plot(bars)
