@@ -193,7 +193,7 @@ def main() -> None:
         "| method | loop | " + " | ".join(SETTINGS[s][0] for s in columns)
         + " | traffic / client / round | s / round |",
         "|---|---|" + "---|" * len(columns) + "---|---|"]
-    bars: dict[str, dict[str, float]] = {}
+    bars: dict[str, dict[str, tuple[float, float]]] = {}  # (difference, its standard error)
     notes: list[str] = []  # the other predictions a method reports (summary accuracy.variants)
     for (method, loop, variant), cells in table.items():
         base_key = ("standalone", "rounds", "cnn5" if variant == "cnn5" else "")
@@ -213,7 +213,8 @@ def main() -> None:
                 if recipe_base:
                     text += "; {:+.3f} ± {:.3f} at its recipe".format(*paired(mine, recipe_base))
                 text += ")"
-                bars.setdefault(SETTINGS[s][0], {})[label(method, loop, variant)] = diff
+                bars.setdefault(SETTINGS[s][0], {})[label(method, loop, variant)] = (
+                    diff, diff_std / np.sqrt(max(len(mine) - 1, 1)))
             texts.append(text)
             done += mine
             for name in mine[0]["accuracy"].get("variants", {}):
@@ -234,19 +235,21 @@ def main() -> None:
     print(f"[reproduce] wrote {DOC}")
 
 
-def plot(bars: dict[str, dict[str, float]]) -> None:
-    """One panel per setting: each method's difference to Standalone, best at the top."""
+def plot(bars: dict[str, dict[str, tuple[float, float]]]) -> None:
+    """One panel per setting: each method's difference to Standalone (± one standard error of
+    the seed-by-seed differences), best at the top."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(bars), figsize=(4.2 * len(bars), 6.5), squeeze=False,
+    fig, axes = plt.subplots(1, len(bars), figsize=(5.2 * len(bars), 6.5), squeeze=False,
                              sharey=False)
     for ax, (title, diffs) in zip(axes[0], bars.items()):
-        names = sorted(diffs, key=diffs.get)
-        values = [diffs[n] for n in names]
-        ax.barh(names, values, color=["tab:green" if v >= 0 else "tab:red" for v in values])
+        names = sorted(diffs, key=lambda n: diffs[n][0])
+        values, errors = zip(*(diffs[n] for n in names))
+        ax.barh(names, values, xerr=errors, capsize=2,
+                color=["tab:green" if v >= 0 else "tab:red" for v in values])
         ax.axvline(0, color="black", lw=0.8)
-        ax.set(title=title, xlabel="accuracy − Standalone (mean of 3 seeds)")
+        ax.set(title=title, xlabel="accuracy − Standalone, ± 1 standard error")
         ax.tick_params(axis="y", labelsize=8)
         ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
