@@ -3,7 +3,8 @@
 Starts a loopback deployment (``fedapp deploy``: TLS, two authenticated SuperNodes on this
 machine), runs the same experiment on it with each way of starting the ClientApp process
 (``--clientapp forked``: forked from a process that imported torch and Flower once, the default;
-``fresh``: a new interpreter per message, as Flower's own SuperExec does), then runs it in
+``fresh``: a new interpreter per message, as Flower's own SuperExec does) and each idle wait of
+the SuperNodes (``--poll-seconds``: 0.5, the default, or 3, Flower's own), then runs it in
 simulation (``fedapp run``), and prints each variant's round 1 and mean later round from the
 run's ``rounds.jsonl``. Every process it starts is stopped when it ends.
 
@@ -50,28 +51,36 @@ def rounds(run_dir: Path) -> tuple[float, float]:
     return seconds[0], sum(later) / len(later)
 
 
-def deployed(tmp: Path, clientapp: str, settings: list[str]) -> tuple[float, float]:
+# (label, --clientapp, --poll-seconds)
+VARIANTS = [("deployed, ClientApp forked, poll 0.5 s (the defaults)", "forked", 0.5),
+            ("deployed, ClientApp forked, poll 3 s (Flower's wait)", "forked", 3.0),
+            ("deployed, ClientApp fresh, poll 3 s (Flower's own SuperNode)", "fresh", 3.0)]
+
+
+def deployed(tmp: Path, clientapp: str, poll: float, settings: list[str]) -> tuple[float, float]:
     # A deployment folder each: a SuperLink keeps its registered nodes in its database.
-    d = ["--dir", str(tmp / f"deployment-{clientapp}")]
+    tag = f"{clientapp}-{poll:g}"
+    d = ["--dir", str(tmp / f"deployment-{tag}")]
     fedapp("deploy", "certs", *d)
     fedapp("deploy", "node-key", "site0", "site1", *d)
     started = []
     try:
         port = _free_port()
         link = fedapp("deploy", "superlink", "--port", str(port), *d,
-                      log=tmp / f"superlink-{clientapp}.log", wait=False)
+                      log=tmp / f"superlink-{tag}.log", wait=False)
         started.append(link)
-        wait_for_port(link, port, "the SuperLink", tmp / f"superlink-{clientapp}.log")
+        wait_for_port(link, port, "the SuperLink", tmp / f"superlink-{tag}.log")
         fedapp("deploy", "connect", f"127.0.0.1:{port}", *d)
-        keys = tmp / f"deployment-{clientapp}" / "keys"
+        keys = tmp / f"deployment-{tag}" / "keys"
         fedapp("deploy", "register", str(keys / "site0.pub"), str(keys / "site1.pub"), *d)
         for k in (0, 1):
             started.append(fedapp(
                 "deploy", "supernode", "--superlink", f"127.0.0.1:{port}",
                 "--key", str(keys / f"site{k}.key"), "--port", str(_free_port()),
                 "--node-config", f"partition-id={k} num-partitions=2",
-                "--clientapp", clientapp, *d, log=tmp / f"site{k}-{clientapp}.log", wait=False))
-        name = f"deployed-{clientapp}"
+                "--clientapp", clientapp, "--poll-seconds", str(poll), *d,
+                log=tmp / f"site{k}-{tag}.log", wait=False))
+        name = f"deployed-{tag}"
         fedapp("deploy", "run", *settings, "--set", f'run-name="{name}"',
                "--output-dir", str(tmp / "results"), *d, log=tmp / f"{name}.log")
         return rounds(tmp / "results" / name)
@@ -92,10 +101,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="fedapp-deployed-round-"))
     load = os.getloadavg()[0]
     results = {}
-    for clientapp in ("forked", "fresh"):
+    for label, clientapp, poll in VARIANTS:
         start = time.perf_counter()
-        results[f"deployed, ClientApp {clientapp}"] = (*deployed(tmp, clientapp, settings),
-                                                       time.perf_counter() - start)
+        results[label] = (*deployed(tmp, clientapp, poll, settings), time.perf_counter() - start)
     start = time.perf_counter()
     fedapp("run", *settings, "--set", 'run-name="simulated"', "--output-dir",
            str(tmp / "results"), log=tmp / "simulated.log")

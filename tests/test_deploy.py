@@ -61,6 +61,13 @@ def test_commands_refuse_what_is_missing(tmp_path, capsys):
     assert "run `fedapp deploy certs` first" in capsys.readouterr().err
     assert main(["deploy", "run", "smoke", "--dir", str(tmp_path)]) == 2
     assert "run `fedapp deploy connect HOST:PORT` first" in capsys.readouterr().err
+    for name in ("ca.crt", "node.key"):
+        (tmp_path / name).write_text("")
+    assert main(["deploy", "supernode", "--superlink", "127.0.0.1:9092", "--key",
+                 str(tmp_path / "node.key"), "--ca", str(tmp_path / "ca.crt"),
+                 "--node-config", "partition-id=0 num-partitions=2", "--poll-seconds", "0",
+                 "--dir", str(tmp_path)]) == 2
+    assert "--poll-seconds 0.0 is not a positive number" in capsys.readouterr().err
 
 
 # -- a real deployment on loopback (slow) -----------------------------------------------------

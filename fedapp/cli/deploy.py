@@ -12,8 +12,9 @@ Everything a deployment needs lives in one folder (``--dir``, default ``./deploy
 
 Keys and certificates are made with the ``cryptography`` package that Flower already
 depends on, so no ``openssl``/``ssh-keygen`` is needed. ``superlink`` and ``supernode`` replace
-this process with Flower's own command (``exec``), so that stopping them (Ctrl-C, ``kill``, a
-service manager) stops Flower itself.
+this process with Flower's own command (``exec``; the SuperNode's through
+``fedapp.cli.prompt_supernode``, Flower's with a shorter idle wait), so that stopping them
+(Ctrl-C, ``kill``, a service manager) stops Flower itself.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Sequence
 
 from fedapp.cli.flower import BIN, flower_env, run_status, stage_app, stream_run
+from fedapp.cli.prompt_supernode import DEFAULT_POLL_SECONDS, POLL_ENV
 from fedapp.cli.run import report_run, resolve_run, resolve_settings, write_run_config
 from fedapp.config import PROJECT_ROOT, ConfigError
 
@@ -241,7 +243,13 @@ def cmd_supernode(args: argparse.Namespace) -> int:
         if not Path(path).is_file():
             print(f"fedapp: {path} not found", file=sys.stderr)
             return 2
-    cmd = [str(BIN / "flower-supernode"), "--superlink", args.superlink,
+    if not args.poll_seconds > 0:
+        print(f"fedapp: --poll-seconds {args.poll_seconds} is not a positive number of seconds",
+              file=sys.stderr)
+        return 2
+    # Flower's SuperNode looks for a new message every 3 s; ours as often as --poll-seconds
+    # says (fedapp/cli/prompt_supernode.py), the same program otherwise.
+    cmd = [sys.executable, "-m", "fedapp.cli.prompt_supernode", "--superlink", args.superlink,
            "--root-certificates", str(ca), "--auth-supernode-private-key", str(args.key),
            "--port", str(args.port), "--node-config", args.node_config]
     if args.max_retries is not None:
@@ -249,6 +257,7 @@ def cmd_supernode(args: argparse.Namespace) -> int:
     # Each SuperNode installs the apps it runs in its own FLWR_HOME, so that several nodes on
     # one machine never write the same folder.
     env = flower_env(args.dir / "nodes" / Path(args.key).stem)
+    env[POLL_ENV] = str(args.poll_seconds)
     if args.clientapp == "forked":
         # Flower's SuperExec would start a fresh interpreter per message; ours forks a warm one
         # (fedapp/cli/warm_superexec.py). It watches this PID, which exec gives the SuperNode,
@@ -361,6 +370,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="how each message's ClientApp process starts: forked from a process "
                         "that has imported torch and Flower once (default), or a fresh "
                         "interpreter per message, as Flower's own SuperExec does")
+    p.add_argument("--poll-seconds", type=float, default=DEFAULT_POLL_SECONDS,
+                   help="how long an idle SuperNode waits before it asks the SuperLink for a "
+                        f"message again (default: {DEFAULT_POLL_SECONDS}; Flower's own: 3)")
 
     p = step("run", cmd_run, "submit an experiment to the SuperLink and follow it")
     run_settings(p)

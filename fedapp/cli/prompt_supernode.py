@@ -1,0 +1,81 @@
+"""``flower-supernode`` that looks for its next message sooner than every 3 s.
+
+Flower 1.41's SuperNode (``flwr.supernode.start_client_internal``) asks the SuperLink for a
+message and, when there is none, sleeps 3 s before it asks again; once it has handed a message
+to its ClientApp process it looks for the reply every 0.5 s. Each synchronous round sends a node
+two messages (train, then evaluate), so a node spends up to 7 s of every round just waiting to
+look: on a small method, more than its training.
+
+This module runs Flower's own ``flower-supernode`` (its arguments, its connection, its retries,
+its message handling) with one difference: every wait of that module is capped at
+``FEDAPP_SUPERNODE_POLL_SECONDS`` (``fedapp deploy supernode --poll-seconds``, default 0.5).
+The price is traffic: an idle node asks the SuperLink twice a second instead of once every
+3 s, so a federation of many nodes may want a longer poll (3 gives Flower's own behaviour).
+Other Flower releases run unchanged: the module's waits are 1.41's.
+
+    FEDAPP_SUPERNODE_POLL_SECONDS=0.5 python -m fedapp.cli.prompt_supernode --superlink ...
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+VERSION = "1.41.0"  # the Flower release whose SuperNode waits this caps
+POLL_ENV = "FEDAPP_SUPERNODE_POLL_SECONDS"
+DEFAULT_POLL_SECONDS = 0.5
+
+
+class CappedSleep:
+    """The ``time`` module as the SuperNode's loop sees it: ``sleep`` waits at most ``cap``
+    seconds, everything else is ``time``'s own. The loop's waits are polls (look again for a
+    message, a reply, an object), so a shorter wait changes when it looks, not what it does."""
+
+    def __init__(self, cap: float) -> None:
+        self.cap = cap
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(min(seconds, self.cap))
+
+
+def install(cap: float) -> bool:
+    """Cap the waits of Flower's SuperNode loop in this process, on the Flower release it was
+    written for only. Returns whether it did."""
+    import flwr
+    from flwr.supernode import start_client_internal
+
+    if flwr.__version__ != VERSION:
+        return False
+    start_client_internal.time = CappedSleep(cap)
+    return True
+
+
+def poll_seconds(text: str | None) -> float:
+    """``FEDAPP_SUPERNODE_POLL_SECONDS`` as a positive number of seconds (default 0.5)."""
+    if text is None:
+        return DEFAULT_POLL_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise SystemExit(f"fedapp: {POLL_ENV} = {text!r} is not a positive number of seconds")
+    return value
+
+
+def main() -> None:
+    cap = poll_seconds(os.environ.get(POLL_ENV))
+    if not install(cap):
+        print(f"fedapp: Flower is not {VERSION}: the SuperNode keeps its own waits",
+              file=sys.stderr, flush=True)
+    from flwr.supernode.cli import flower_supernode
+    sys.argv[0] = "flower-supernode"
+    flower_supernode()
+
+
+if __name__ == "__main__":
+    main()

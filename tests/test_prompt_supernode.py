@@ -1,0 +1,40 @@
+"""fedapp.cli.prompt_supernode: Flower's SuperNode with its loop's waits capped."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fedapp.cli import prompt_supernode
+
+
+def test_sleep_is_capped_and_everything_else_is_time_s_own(monkeypatch):
+    slept = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    capped = prompt_supernode.CappedSleep(0.5)
+    capped.sleep(3)     # Flower's idle wait
+    capped.sleep(0.2)   # shorter waits are kept
+    assert slept == [0.5, 0.2]
+    assert capped.time is time.time and capped.monotonic is time.monotonic
+
+
+def test_install_caps_the_supernode_loop_of_this_flower_release(monkeypatch):
+    from flwr.supernode import start_client_internal
+    monkeypatch.setattr(start_client_internal, "time", time)   # undone after the test
+    assert prompt_supernode.install(0.25)
+    assert isinstance(start_client_internal.time, prompt_supernode.CappedSleep)
+    assert start_client_internal.time.cap == 0.25
+    # The module's waits are where this reads them: a Flower release that moves them is not
+    # patched blindly.
+    import inspect
+    source = inspect.getsource(start_client_internal)
+    assert "time.sleep(3)" in source and "time.sleep(0.5)" in source
+
+
+def test_a_bad_poll_is_refused_with_its_name():
+    assert prompt_supernode.poll_seconds(None) == prompt_supernode.DEFAULT_POLL_SECONDS
+    assert prompt_supernode.poll_seconds("0.1") == 0.1
+    for bad in ("0", "-1", "nan", "soon"):
+        with pytest.raises(SystemExit, match="FEDAPP_SUPERNODE_POLL_SECONDS"):
+            prompt_supernode.poll_seconds(bad)
