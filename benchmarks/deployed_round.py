@@ -4,9 +4,10 @@ Starts a loopback deployment (``fedapp deploy``: TLS, two authenticated SuperNod
 machine), runs the same experiment on it with each way of starting the ClientApp process
 (``--clientapp forked``: forked from a process that imported torch and Flower once, the default;
 ``fresh``: a new interpreter per message, as Flower's own SuperExec does) and each idle wait of
-the SuperNodes (``--poll-seconds``: 0.5, the default, or 3, Flower's own), then runs it in
-simulation (``fedapp run``), and prints each variant's round 1 and mean later round from the
-run's ``rounds.jsonl``. Every process it starts is stopped when it ends.
+the SuperNodes (``--poll-seconds``: 0.5, the default, or 3, Flower's own) and torch threads of
+each node (``--threads``: 1, as the two share this machine's cores, or torch's own), then runs
+it in simulation (``fedapp run``), and prints each variant's round 1 and mean later round from
+the run's ``rounds.jsonl``. Every process it starts is stopped when it ends.
 
     .venv/bin/python benchmarks/deployed_round.py                       # LG-FedAvg, 4 rounds
     .venv/bin/python benchmarks/deployed_round.py --method fedproto --rounds 6
@@ -51,15 +52,20 @@ def rounds(run_dir: Path) -> tuple[float, float]:
     return seconds[0], sum(later) / len(later)
 
 
-# (label, --clientapp, --poll-seconds)
-VARIANTS = [("deployed, ClientApp forked, poll 0.5 s (the defaults)", "forked", 0.5),
-            ("deployed, ClientApp forked, poll 3 s (Flower's wait)", "forked", 3.0),
-            ("deployed, ClientApp fresh, poll 3 s (Flower's own SuperNode)", "fresh", 3.0)]
+# (label, --clientapp, --poll-seconds, --threads). Two nodes share this machine's cores, so
+# one torch thread each, as simulation gives each virtual client one CPU; the second row shows
+# what torch's own thread count (every core, in each node) costs them.
+VARIANTS = [("deployed, ClientApp forked, poll 0.5 s, 1 thread", "forked", 0.5, 1),
+            ("deployed, ClientApp forked, poll 0.5 s, torch's threads", "forked", 0.5, 0),
+            ("deployed, ClientApp forked, poll 3 s (Flower's wait), 1 thread", "forked", 3.0, 1),
+            ("deployed, ClientApp fresh (Flower's), poll 3 s (Flower's), 1 thread", "fresh",
+             3.0, 1)]
 
 
-def deployed(tmp: Path, clientapp: str, poll: float, settings: list[str]) -> tuple[float, float]:
+def deployed(tmp: Path, clientapp: str, poll: float, threads: int,
+             settings: list[str]) -> tuple[float, float]:
     # A deployment folder each: a SuperLink keeps its registered nodes in its database.
-    tag = f"{clientapp}-{poll:g}"
+    tag = f"{clientapp}-{poll:g}-{threads}"
     d = ["--dir", str(tmp / f"deployment-{tag}")]
     fedapp("deploy", "certs", *d)
     fedapp("deploy", "node-key", "site0", "site1", *d)
@@ -78,7 +84,8 @@ def deployed(tmp: Path, clientapp: str, poll: float, settings: list[str]) -> tup
                 "deploy", "supernode", "--superlink", f"127.0.0.1:{port}",
                 "--key", str(keys / f"site{k}.key"), "--port", str(_free_port()),
                 "--node-config", f"partition-id={k} num-partitions=2",
-                "--clientapp", clientapp, "--poll-seconds", str(poll), *d,
+                "--clientapp", clientapp, "--poll-seconds", str(poll),
+                "--threads", str(threads), *d,
                 log=tmp / f"site{k}-{tag}.log", wait=False))
         name = f"deployed-{tag}"
         fedapp("deploy", "run", *settings, "--set", f'run-name="{name}"',
@@ -101,9 +108,10 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="fedapp-deployed-round-"))
     load = os.getloadavg()[0]
     results = {}
-    for label, clientapp, poll in VARIANTS:
+    for label, clientapp, poll, threads in VARIANTS:
         start = time.perf_counter()
-        results[label] = (*deployed(tmp, clientapp, poll, settings), time.perf_counter() - start)
+        results[label] = (*deployed(tmp, clientapp, poll, threads, settings),
+                          time.perf_counter() - start)
     start = time.perf_counter()
     fedapp("run", *settings, "--set", 'run-name="simulated"', "--output-dir",
            str(tmp / "results"), log=tmp / "simulated.log")

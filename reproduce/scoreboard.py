@@ -187,8 +187,8 @@ def main() -> None:
         f"({len(seeds)} per cell), and in brackets its difference to Standalone on the same "
         "setting and architectures, seed by seed (the same partition and initial weights): "
         "mean ± std of the differences; for a method that trains as HtFLlib does, also the "
-        "difference to the Standalone trained so (\"at its recipe\"). Traffic: bytes of arrays up + down per participating "
-        "client per round; seconds: wall-clock seconds per round of the whole run, on the "
+        "difference to the Standalone trained so (\"at its recipe\"). Traffic: bytes of "
+        "arrays up + down per participating client per round; seconds: wall-clock seconds per round of the whole run, on the "
         "machine that made the table (indicative: see docs/benchmarks.md for timings).", "",
         "| method | loop | " + " | ".join(SETTINGS[s][0] for s in columns)
         + " | traffic / client / round | s / round |",

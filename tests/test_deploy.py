@@ -70,6 +70,30 @@ def test_commands_refuse_what_is_missing(tmp_path, capsys):
     assert "--poll-seconds 0.0 is not a positive number" in capsys.readouterr().err
 
 
+def test_supernode_threads_and_poll_reach_flower_s_processes(tmp_path, monkeypatch):
+    from fedapp.cli import deploy
+    started = {}
+    monkeypatch.setattr(deploy, "_exec", lambda cmd, env: started.update(node=(cmd, env)) or 0)
+    monkeypatch.setattr(deploy.subprocess, "Popen",
+                        lambda cmd, env: started.update(superexec=(cmd, env)))
+    for name in ("ca.crt", "node.key"):
+        (tmp_path / name).write_text("")
+    args = ["deploy", "supernode", "--superlink", "127.0.0.1:9092", "--key",
+            str(tmp_path / "node.key"), "--ca", str(tmp_path / "ca.crt"),
+            "--node-config", "partition-id=0 num-partitions=2", "--dir", str(tmp_path)]
+    assert main([*args, "--threads", "1", "--poll-seconds", "0.25"]) == 0
+    for cmd, env in started.values():
+        assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1"
+        assert env["FEDAPP_SUPERNODE_POLL_SECONDS"] == "0.25"
+    assert started["node"][0][1:3] == ["-m", "fedapp.cli.prompt_supernode"]
+    assert started["superexec"][0][1:3] == ["-m", "fedapp.cli.warm_superexec"]
+    started.clear()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert main(args) == 0   # by default torch keeps its own thread count
+    assert "OMP_NUM_THREADS" not in started["node"][1]
+    assert main([*args, "--threads", "-1"]) == 2
+
+
 # -- a real deployment on loopback (slow) -----------------------------------------------------
 @pytest.fixture
 def spawn(tmp_path):

@@ -247,6 +247,10 @@ def cmd_supernode(args: argparse.Namespace) -> int:
         print(f"fedapp: --poll-seconds {args.poll_seconds} is not a positive number of seconds",
               file=sys.stderr)
         return 2
+    if args.threads < 0:
+        print(f"fedapp: --threads {args.threads} is not a number of threads (0: all cores)",
+              file=sys.stderr)
+        return 2
     # Flower's SuperNode looks for a new message every 3 s; ours as often as --poll-seconds
     # says (fedapp/cli/prompt_supernode.py), the same program otherwise.
     cmd = [sys.executable, "-m", "fedapp.cli.prompt_supernode", "--superlink", args.superlink,
@@ -258,6 +262,12 @@ def cmd_supernode(args: argparse.Namespace) -> int:
     # one machine never write the same folder.
     env = flower_env(args.dir / "nodes" / Path(args.key).stem)
     env[POLL_ENV] = str(args.poll_seconds)
+    if args.threads:
+        # Read by torch when it starts, in the SuperExec and so in every ClientApp process.
+        # Nodes that share a machine's cores need it: two nodes of two threads each on two
+        # cores train many times slower than with one thread each (the threads spin-wait for
+        # each other), as Ray's one CPU per virtual client avoids in simulation.
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
     if args.clientapp == "forked":
         # Flower's SuperExec would start a fresh interpreter per message; ours forks a warm one
         # (fedapp/cli/warm_superexec.py). It watches this PID, which exec gives the SuperNode,
@@ -370,6 +380,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="how each message's ClientApp process starts: forked from a process "
                         "that has imported torch and Flower once (default), or a fresh "
                         "interpreter per message, as Flower's own SuperExec does")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads of each ClientApp's torch (default 0: torch's own, all "
+                        "cores); 1 where several nodes share a machine's cores")
     p.add_argument("--poll-seconds", type=float, default=DEFAULT_POLL_SECONDS,
                    help="how long an idle SuperNode waits before it asks the SuperLink for a "
                         f"message again (default: {DEFAULT_POLL_SECONDS}; Flower's own: 3)")
