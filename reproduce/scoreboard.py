@@ -159,23 +159,23 @@ def main() -> None:
     out, seeds, resources = args.out.resolve(), args.seeds, resource_overrides(args)
     chosen = set(args.methods or METHODS) | {"standalone"}
 
-    cells = []  # (row key, setting, whether to run what is missing)
+    wanted = []  # (row key, setting, whether to run what is missing)
     for method, loop in rows():
         if METHODS[method].homogeneous_only:
             keys = [(method, loop, "cnn5"), ("standalone", "rounds", "cnn5")]
         else:
             keys = [(method, loop, "")] + ([("standalone", "rounds", "htfllib-recipe")]
                                            if method == "standalone" else [])
-        cells += [(key, setting, not args.table_only and setting in args.settings
-                   and method in chosen)
-                  for key in keys for setting in SETTINGS
-                  if loop == "rounds" or setting not in ROUNDS_ONLY]
+        wanted += [(key, setting, not args.table_only and setting in args.settings
+                    and method in chosen)
+                   for key in keys for setting in SETTINGS
+                   if loop == "rounds" or setting not in ROUNDS_ONLY]
     run_parallel([(None, {**overrides(setting, *key), "seed": seed, **resources},
                    f"{run_name(setting, *key)}-seed{seed}")
-                  for key, setting, execute in cells if execute for seed in seeds],
+                  for key, setting, execute in wanted if execute for seed in seeds],
                  out, args.jobs)
     table: dict[tuple[str, str, str], dict[str, list[dict] | None]] = {}
-    for key, setting, execute in cells:
+    for key, setting, execute in wanted:
         table.setdefault(key, {})[setting] = runs(setting, *key, seeds, execute, out,
                                                   resources)
 
@@ -188,8 +188,9 @@ def main() -> None:
         "setting and architectures, seed by seed (the same partition and initial weights): "
         "mean ± std of the differences; for a method that trains as HtFLlib does, also the "
         "difference to the Standalone trained so (\"at its recipe\"). Traffic: bytes of "
-        "arrays up + down per participating client per round; seconds: wall-clock seconds per round of the whole run, on the "
-        "machine that made the table (indicative: see docs/benchmarks.md for timings).", "",
+        "arrays up + down per participating client per round; seconds: wall-clock seconds per "
+        "round of the whole run, on the machine that made the table (indicative: see "
+        "docs/benchmarks.md for timings).", "",
         "| method | loop | " + " | ".join(SETTINGS[s][0] for s in columns)
         + " | traffic / client / round | s / round |",
         "|---|---|" + "---|" * len(columns) + "---|---|"]
