@@ -265,8 +265,8 @@ def cmd_supernode(args: argparse.Namespace) -> int:
     if args.threads:
         # Read by torch when it starts, in the SuperExec and so in every ClientApp process.
         # Nodes that share a machine's cores need it: two nodes of two threads each on two
-        # cores train many times slower than with one thread each (the threads spin-wait for
-        # each other), as Ray's one CPU per virtual client avoids in simulation.
+        # cores trained several times slower than with one thread each (benchmarks.md, "A
+        # deployed round"); simulation gives each virtual client one CPU.
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
     if args.clientapp == "forked":
         # Flower's SuperExec would start a fresh interpreter per message; ours forks a warm one
