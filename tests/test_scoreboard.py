@@ -1,0 +1,44 @@
+"""reproduce/scoreboard.py: its rows, run names and paired differences."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reproduce"))
+import scoreboard  # noqa: E402
+
+
+def test_run_names_stay_those_of_the_runs_already_made():
+    assert scoreboard.run_name("dir0.3", "fedavg", "rounds", "cnn5") == "dir0.3-fedavg-cnn5"
+    assert scoreboard.run_name("dir0.3", "fedhe", "async", "") == "dir0.3-fedhe-async"
+    assert (scoreboard.run_name("iid", "standalone", "rounds", "htfllib-recipe")
+            == "iid-standalone-htfllib-recipe")
+
+
+def test_the_methods_read_against_the_htfllib_recipe_standalone_train_as_it_does():
+    from strategies import METHODS
+    trained = {m for m in METHODS if scoreboard.htfllib_trained(m)}
+    assert trained == {"fd", "fedgen", "fedl2g", "fml", "fedmrl", "fedkd", "fedtgp"}
+    # FedRE's lr (0.03) differs; Standalone is the reference itself.
+    assert not scoreboard.htfllib_trained("fedre")
+    assert scoreboard.overrides("iid", "standalone", "rounds", "htfllib-recipe")["momentum"] == 0
+
+
+def test_the_difference_is_taken_seed_by_seed():
+    def run(*accuracies):
+        return {"accuracy": {"per_client": dict(enumerate(accuracies))}}
+    mine = [run(0.8, 0.9), run(0.7, 0.7), run(0.6, 0.8)]      # means 0.85, 0.70, 0.70
+    base = [run(0.8, 0.8), run(0.6, 0.6), run(0.6, 0.6)]      # means 0.80, 0.60, 0.60
+    diff, std = scoreboard.paired(mine, base)
+    assert diff == pytest.approx((0.05 + 0.10 + 0.10) / 3)
+    assert std == pytest.approx(float(np.std([0.05, 0.10, 0.10])))
+
+
+def test_labels_name_the_loop_and_the_variant():
+    assert scoreboard.label("fedhe", "async", "") == "fedhe (async)"
+    assert scoreboard.label("fedavg", "rounds", "cnn5") == "fedavg (cnn5 only)"
+    assert scoreboard.label("standalone", "", "htfllib-recipe") == "standalone (HtFLlib's recipe)"
