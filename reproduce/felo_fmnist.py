@@ -13,7 +13,7 @@ curves into docs/felo-fmnist.png.
     .venv/bin/python reproduce/felo_fmnist.py --seeds 0 --rounds 10
     .venv/bin/python reproduce/felo_fmnist.py --quick            # one tiny run per method,
                                                                  # to check the pipeline only
-    .venv/bin/python reproduce/felo_fmnist.py --jobs 14 --client-num-gpus 0.5   # on a GPU
+    .venv/bin/python reproduce/felo_fmnist.py --jobs 4 --client-num-gpus 0.5    # on a GPU
 
 ``--quick`` writes its tables to the output folder, never into docs/. Finished runs are reused
 (their summary.json), so an interrupted reproduction resumes.
