@@ -1,11 +1,19 @@
 """What every reproduction script shares: run one experiment through ``fedapp run`` (resuming
-from a finished run's ``summary.json``), and turn several seeds' summaries into table cells
-and a plot. Each script in this folder writes one table and one plot into ``docs/``."""
+from a finished run's ``summary.json`` or its record), and turn several seeds' summaries into
+table cells and a plot. Each script in this folder writes one table and one plot into ``docs/``.
+
+Records: every finished run's summary is also kept under ``reproduce/records/<results folder>/
+<run name>.json``, committed, with where it was made (commit, CPU, torch). A table is thus
+rebuilt, and a long reproduction resumed, on a machine that has never run it: runs on other
+machines are reused as they are. Delete a script's records folder to make its runs anew.
+A rerun is bit-for-bit equal on the same kind of CPU; on another kind it may not be
+(docs/scoreboard.md)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import subprocess
 import sys
 import time
@@ -20,22 +28,70 @@ ROOT = Path(__file__).resolve().parent.parent
 # `fedapp` through this interpreter: the same as the console script, without needing it
 # re-generated after the package moves.
 FEDAPP = [sys.executable, "-m", "fedapp.cli.main"]
+RECORDS = ROOT / "reproduce" / "records"
+
+
+def record_path(out_dir: Path, run_name: str) -> Path:
+    """Where the record of ``out_dir/run_name`` is kept: by the results folder's name, so a
+    script's records are found whatever its ``--out`` resolves to."""
+    return RECORDS / Path(out_dir).name / f"{run_name}.json"
+
+
+def finished(out_dir: Path, run_name: str) -> Path | None:
+    """The summary of a finished run: the run's own ``summary.json``, else its record; None if
+    the run has neither."""
+    for path in (Path(out_dir) / run_name / "summary.json", record_path(out_dir, run_name)):
+        if path.exists():
+            return path
+    return None
+
+
+def provenance(made_here: bool) -> dict[str, Any]:
+    """Where a run was made: the commit (``dirty`` if the tree had changes), the CPU and the
+    SIMD path torch takes on it, torch's version. For a run found under ``results/`` without
+    a record, only that it was recorded later (its commit is not known)."""
+    if not made_here:
+        return {"recorded_from": "an earlier run's summary.json; commit and machine unknown"}
+    import torch
+
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+    cpu = next((line.split(":", 1)[1].strip() for line in
+                (Path("/proc/cpuinfo").read_text().splitlines()
+                 if Path("/proc/cpuinfo").exists() else [])
+                if line.startswith("model name")), platform.processor())
+    return {"commit": git("rev-parse", "HEAD") or "unknown",
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch": torch.__version__, "recorded_at": time.strftime("%Y-%m-%d")}
+
+
+def record(out_dir: Path, run_name: str, origin: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's summary, kept (with ``origin``, its provenance) as its record unless it has
+    one."""
+    summary = json.loads(finished(out_dir, run_name).read_text())
+    path = record_path(out_dir, run_name)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**summary, "provenance": dict(origin)}, indent=1) + "\n")
+    return summary
 
 
 def run_experiment(preset: str | None, overrides: Mapping[str, Any], run_name: str,
                    out_dir: Path) -> dict[str, Any]:
     """``fedapp run [preset] --set ...`` into ``out_dir/run_name``; its summary. A run whose
     summary already exists is not repeated, so an interrupted reproduction resumes."""
-    summary_path = out_dir / run_name / "summary.json"
-    if summary_path.exists():
-        print(f"[reproduce] {run_name}: done before, reusing {summary_path}", flush=True)
-        return json.loads(summary_path.read_text())
+    done = finished(out_dir, run_name)
+    if done is not None:
+        print(f"[reproduce] {run_name}: done before, reusing {done}", flush=True)
+        return record(out_dir, run_name, provenance(made_here=False))
     cmd = [*FEDAPP, "run", *([preset] if preset else []), "--output-dir", str(out_dir),
            "--set", f"run-name={toml_value(run_name)}"]
     for key, value in overrides.items():
         cmd += ["--set", f"{key}={toml_value(value)}"]
     print(f"[reproduce] {run_name}: {' '.join(cmd[3:])}", flush=True)
-    start = time.time()
+    start, origin = time.time(), provenance(made_here=True)
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True)
     if proc.returncode != 0:
@@ -43,22 +99,21 @@ def run_experiment(preset: str | None, overrides: Mapping[str, Any], run_name: s
         raise RuntimeError(f"{run_name} failed with exit status {proc.returncode}")
     print(f"[reproduce] {run_name}: {proc.stdout.strip().splitlines()[-2]} "
           f"({time.time() - start:.0f} s)", flush=True)
-    return json.loads(summary_path.read_text())
+    return record(out_dir, run_name, origin)
 
 
 def run_seeds(preset: str | None, overrides: Mapping[str, Any], run_name: str,
               seeds: Sequence[int], out_dir: Path) -> list[dict[str, Any]]:
     """``run_experiment`` at each seed (``<run_name>-seed<s>``), the missing ones as one
     ``fedapp run --sweep seed=...`` on one SuperLink (its start and stop paid once)."""
-    summaries = {s: out_dir / f"{run_name}-seed{s}" / "summary.json" for s in seeds}
-    missing = [s for s, path in summaries.items() if not path.exists()]
+    missing = [s for s in seeds if finished(out_dir, f"{run_name}-seed{s}") is None]
     if len(missing) > 1:
         cmd = [*FEDAPP, "run", *([preset] if preset else []), "--output-dir", str(out_dir),
                "--set", f"run-name={toml_value(run_name)}",
                *(x for k, v in overrides.items() for x in ("--set", f"{k}={toml_value(v)}")),
                "--sweep", "seed=" + ",".join(map(str, missing))]
         print(f"[reproduce] {run_name} seeds {missing}: {' '.join(cmd[3:])}", flush=True)
-        start = time.time()
+        start, origin = time.time(), provenance(made_here=True)
         proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
         if proc.returncode != 0:
@@ -66,6 +121,8 @@ def run_seeds(preset: str | None, overrides: Mapping[str, Any], run_name: str,
             raise RuntimeError(f"{run_name} failed with exit status {proc.returncode}")
         print(f"[reproduce] {run_name}: {len(missing)} runs ({time.time() - start:.0f} s)",
               flush=True)
+        for s in missing:
+            record(out_dir, f"{run_name}-seed{s}", origin)
     return [run_experiment(preset, {**overrides, "seed": s}, f"{run_name}-seed{s}", out_dir)
             for s in seeds]
 
@@ -77,7 +134,7 @@ def run_parallel(experiments: Sequence[tuple[str | None, Mapping[str, Any], str]
     (or a GPU) to spare; the script then reads them through ``run_experiment``, which reuses
     them. Every failure is reported, the others still run; then it raises."""
     from concurrent.futures import ThreadPoolExecutor
-    todo = [e for e in experiments if not (out_dir / e[2] / "summary.json").exists()]
+    todo = [e for e in experiments if finished(out_dir, e[2]) is None]
     if jobs <= 1 or not todo:
         return
     print(f"[reproduce] {len(todo)} runs, {jobs} at a time", flush=True)

@@ -40,8 +40,9 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (ROOT, add_resource_options, mean_std, mean_client_accuracy,  # noqa: E402
-                    resource_overrides, run_parallel, run_seeds, write_generated)
+from common import (ROOT, add_resource_options, finished, mean_std,  # noqa: E402
+                    mean_client_accuracy, resource_overrides, run_parallel, run_seeds,
+                    write_generated)
 
 SCRIPT = "reproduce/scoreboard.py"
 OUT = ROOT / "results" / "scoreboard"
@@ -106,8 +107,7 @@ def runs(setting: str, method: str, loop: str, variant: str, seeds: list[int],
     """The seeds' summaries; ``execute`` runs the missing ones (with ``resources``, which
     change no result), otherwise None if any is."""
     name = run_name(setting, method, loop, variant)
-    if not execute and not all((out / f"{name}-seed{s}" / "summary.json").exists()
-                               for s in seeds):
+    if not execute and any(finished(out, f"{name}-seed{s}") is None for s in seeds):
         return None
     return run_seeds(None, {**overrides(setting, method, loop, variant), **resources}, name,
                      seeds, out)

@@ -46,3 +46,51 @@ def test_runs_only_the_missing_ones_concurrently_and_reports_every_failure(tmp_p
 def test_one_job_leaves_the_runs_to_the_script(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "run_experiment", lambda *a: pytest.fail("ran"))
     common.run_parallel([(None, {}, "a")], tmp_path, jobs=1)
+
+
+@pytest.fixture(autouse=True)
+def records(tmp_path, monkeypatch):
+    """A records folder of the test's own (never the repository's)."""
+    folder = tmp_path / "records"
+    monkeypatch.setattr(common, "RECORDS", folder)
+    return folder
+
+
+def test_a_recorded_run_is_reused_where_its_results_folder_is_empty(tmp_path, records,
+                                                                     monkeypatch):
+    out = tmp_path / "scoreboard"
+    (records / "scoreboard").mkdir(parents=True)
+    (records / "scoreboard" / "a-seed0.json").write_text(json.dumps({"accuracy": 0.5}))
+    monkeypatch.setattr(common.subprocess, "run", lambda *a, **k: pytest.fail("ran"))
+    assert common.finished(out, "a-seed0") == records / "scoreboard" / "a-seed0.json"
+    assert common.finished(out, "a-seed1") is None
+    assert common.run_experiment(None, {}, "a-seed0", out)["accuracy"] == 0.5
+    common.run_parallel([(None, {}, "a-seed0")], out, jobs=2)   # nothing left to run
+
+
+def test_a_finished_run_is_recorded_with_where_it_was_made(tmp_path, records, monkeypatch):
+    out = tmp_path / "scoreboard"
+
+    def fake_fedapp(cmd, **kwargs):
+        name = cmd[cmd.index("--set") + 1].split("=", 1)[1].strip('"')
+        (out / name).mkdir(parents=True)
+        (out / name / "summary.json").write_text(json.dumps({"accuracy": 0.7}))
+        return common.subprocess.CompletedProcess(cmd, 0, "fedapp: done\nresults in x\n")
+
+    real_run = common.subprocess.run
+    monkeypatch.setattr(common.subprocess, "run",
+                        lambda cmd, **k: fake_fedapp(cmd, **k) if "run" in cmd[3:4]
+                        else real_run(cmd, **k))
+    assert common.run_experiment(None, {"seed": 0}, "b-seed0", out)["accuracy"] == 0.7
+    kept = json.loads((records / "scoreboard" / "b-seed0.json").read_text())
+    assert kept["accuracy"] == 0.7
+    origin = kept["provenance"]
+    assert set(origin) >= {"commit", "dirty", "cpu", "cpu_capability", "torch"}
+    assert origin["torch"] == __import__("torch").__version__
+    # A run found under results/ without a record is recorded as such: where it was made is
+    # not known.
+    (out / "c-seed0").mkdir()
+    (out / "c-seed0" / "summary.json").write_text(json.dumps({"accuracy": 0.1}))
+    common.run_experiment(None, {}, "c-seed0", out)
+    assert "commit" not in json.loads(
+        (records / "scoreboard" / "c-seed0.json").read_text())["provenance"]
