@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # re-generated after the package moves.
 FEDAPP = [sys.executable, "-m", "fedapp.cli.main"]
 RECORDS = ROOT / "reproduce" / "records"
+# What a run executes: a record says whether these had uncommitted changes when it was made.
+RUN_CODE = ("fedapp", "strategies", "client_models", "conf", "pyproject.toml")
 
 
 def record_path(out_dir: Path, run_name: str) -> Path:
@@ -47,9 +49,9 @@ def finished(out_dir: Path, run_name: str) -> Path | None:
 
 
 def provenance(made_here: bool) -> dict[str, Any]:
-    """Where a run was made: the commit (``dirty`` if the tree had changes), the CPU and the
-    SIMD path torch takes on it, torch's version. For a run found under ``results/`` without
-    a record, only that it was recorded later (its commit is not known)."""
+    """Where a run was made: the commit (``dirty`` if what a run executes had uncommitted
+    changes), the CPU and the SIMD path torch takes on it, torch's version. For a run found
+    under ``results/`` without a record, only that (its commit is not known)."""
     if not made_here:
         return {"recorded_from": "an earlier run's summary.json; commit and machine unknown"}
     import torch
@@ -62,7 +64,7 @@ def provenance(made_here: bool) -> dict[str, Any]:
                  if Path("/proc/cpuinfo").exists() else [])
                 if line.startswith("model name")), platform.processor())
     return {"commit": git("rev-parse", "HEAD") or "unknown",
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "dirty": bool(git("status", "--porcelain", "--", *RUN_CODE)),
             "cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "torch": torch.__version__, "recorded_at": time.strftime("%Y-%m-%d")}
 
