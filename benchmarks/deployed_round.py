@@ -4,13 +4,17 @@ Starts a loopback deployment (``fedapp deploy``: TLS, two authenticated SuperNod
 machine), runs the same experiment on it with each way of starting the ClientApp process
 (``--clientapp forked``: forked from a process that imported torch and Flower once, the default;
 ``fresh``: a new interpreter per message, as Flower's own SuperExec does) and each idle wait of
-the SuperNodes (``--poll-seconds``: 0.5, the default, or 3, Flower's own) and torch threads of
+the SuperNodes (``--poll-seconds``: 0.5, the default, or 3, Flower's own, with Flower's 1 s
+before a missing object is asked for again) and torch threads of
 each node (``--threads``: 1, as the two share this machine's cores, or torch's own), then runs
 it in simulation (``fedapp run``), and prints each variant's round 1 and mean later round from
-the run's ``rounds.jsonl``. Every process it starts is stopped when it ends.
+the run's ``rounds.jsonl``. For the first variant (the default deployment) it also prints where
+a later round's message spends its seconds, from both ends' timestamps
+(``fedapp.runtime.timeline``). Every process it starts is stopped when it ends.
 
     .venv/bin/python benchmarks/deployed_round.py                       # LG-FedAvg, 4 rounds
     .venv/bin/python benchmarks/deployed_round.py --method fedproto --rounds 6
+    .venv/bin/python benchmarks/deployed_round.py --variants 1   # the default deployment only
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fedapp.cli.flower import _free_port, stop_process_group, wait_for_port  # noqa: E402
+from fedapp.cli.prompt_supernode import PULL_ENV  # noqa: E402
+from fedapp.runtime import timeline  # noqa: E402
 
 FEDAPP = [sys.executable, "-m", "fedapp.cli.main"]
 
@@ -57,15 +63,21 @@ def rounds(run_dir: Path) -> tuple[float, float]:
 # what torch's own thread count (every core, in each node) costs them.
 VARIANTS = [("deployed, ClientApp forked, poll 0.5 s, 1 thread", "forked", 0.5, 1),
             ("deployed, ClientApp forked, poll 0.5 s, torch's threads", "forked", 0.5, 0),
-            ("deployed, ClientApp forked, poll 3 s (Flower's wait), 1 thread", "forked", 3.0, 1),
-            ("deployed, ClientApp fresh (Flower's), poll 3 s (Flower's), 1 thread", "fresh",
+            ("deployed, ClientApp forked, poll 3 s (Flower's waits), 1 thread", "forked", 3.0, 1),
+            ("deployed, ClientApp fresh (Flower's), poll 3 s (Flower's waits), 1 thread", "fresh",
              3.0, 1)]
 
 
-def deployed(tmp: Path, clientapp: str, poll: float, threads: int,
-             settings: list[str]) -> tuple[float, float]:
+def deployed(tmp: Path, clientapp: str, poll: float, threads: int, settings: list[str],
+             trace: Path | None = None) -> tuple[float, float]:
+    """A loopback deployment of the variant, one run on it: (round 1 s, later rounds s). With
+    ``trace``, every process it starts writes its timeline there."""
     # A deployment folder each: a SuperLink keeps its registered nodes in its database.
     tag = f"{clientapp}-{poll:g}-{threads}"
+    if trace is not None:
+        os.environ[timeline.ENV] = str(trace)
+    if poll >= 3:  # Flower's waits: its SuperNode's 3 s, and 1 s before a missing object's retry
+        os.environ[PULL_ENV] = "1"
     d = ["--dir", str(tmp / f"deployment-{tag}")]
     fedapp("deploy", "certs", *d)
     fedapp("deploy", "node-key", "site0", "site1", *d)
@@ -92,14 +104,33 @@ def deployed(tmp: Path, clientapp: str, poll: float, threads: int,
                "--output-dir", str(tmp / "results"), *d, log=tmp / f"{name}.log")
         return rounds(tmp / "results" / name)
     finally:
+        os.environ.pop(timeline.ENV, None)
+        os.environ.pop(PULL_ENV, None)
         for proc in reversed(started):
             stop_process_group(proc)
+
+
+def breakdown(trace: Path, last: int) -> list[str]:
+    """Markdown rows: each phase of the ``last`` messages (median and range over them)."""
+    import numpy as np
+    rows = timeline.phases(timeline.read(trace), last=last)
+    if not rows:
+        return ["(no message was recorded at both ends)"]
+    out = [f"Where a message of a later round spends its seconds ({len(rows)} messages: "
+           "median, min-max):", "", "| phase | s |", "|---|---|"]
+    for name in [p[0] for p in timeline.PHASES] + ["total"]:
+        v = np.array([r[name] for r in rows])
+        out.append(f"| {name} | {np.median(v):.2f} ({v.min():.2f}-{v.max():.2f}) |")
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--method", default="lg-fedavg")
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--variants", type=int, default=len(VARIANTS),
+                        help="run the first N deployed variants (default: all); simulation "
+                             "always")
     args = parser.parse_args()
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
     # The smoke preset (synthetic data), two clients of the two smallest CNNs.
@@ -108,9 +139,11 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="fedapp-deployed-round-"))
     load = os.getloadavg()[0]
     results = {}
-    for label, clientapp, poll, threads in VARIANTS:
+    trace = tmp / "timeline"
+    for i, (label, clientapp, poll, threads) in enumerate(VARIANTS[:args.variants]):
         start = time.perf_counter()
-        results[label] = (*deployed(tmp, clientapp, poll, threads, settings),
+        results[label] = (*deployed(tmp, clientapp, poll, threads, settings,
+                                    trace=trace if i == 0 else None),
                           time.perf_counter() - start)
     start = time.perf_counter()
     fedapp("run", *settings, "--set", 'run-name="simulated"', "--output-dir",
@@ -121,6 +154,9 @@ def main() -> None:
     print("| variant | round 1 s | later rounds s (mean) | end to end s |\n|---|---|---|---|")
     for label, (first, later, total) in results.items():
         print(f"| {label} | {first:.1f} | {later:.1f} | {total:.0f} |")
+    # The later rounds: a training and an evaluation message to each of the two nodes.
+    print("\n" + VARIANTS[0][0] + ". "
+          + "\n".join(breakdown(trace, last=4 * (args.rounds - 1))))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Real `flwr run` simulations (tens of seconds each): the app works end to end, and a run that
 fails says so in its exit status."""
 
+import io
 import json
 import os
 import pickle
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -362,3 +364,19 @@ def test_a_stalled_client_does_not_make_the_clients_queued_behind_it_fail(tmp_pa
     assert stalled[0] == [] and [h["failed_clients"] for h in history][1:] == stalled[1:]
     assert "gave up" in (tmp_path / "stall" / "flwr.log").read_text()
 
+
+
+def test_the_fab_carries_code_and_settings_not_docs_or_records(tmp_path):
+    # A deployed SuperNode receives the FAB with every message: pyproject's fab-include keeps
+    # Python and TOML files only.
+    from flwr.cli.build import build_fab_from_disk
+
+    from fedapp.cli.flower import stage_app
+    app = stage_app(PROJECT_ROOT, tmp_path / "app")
+    (app / "reproduce" / "records" / "x").mkdir(parents=True, exist_ok=True)
+    (app / "reproduce" / "records" / "x" / "run-seed0.json").write_text("{}")
+    with zipfile.ZipFile(io.BytesIO(build_fab_from_disk(app))) as fab:
+        names = fab.namelist()
+    assert "fedapp/server_app.py" in names and "conf/smoke.toml" in names
+    assert not [n for n in names if n.endswith((".md", ".json", ".png"))
+                and not n.startswith(".info/")]

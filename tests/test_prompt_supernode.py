@@ -38,3 +38,19 @@ def test_a_bad_poll_is_refused_with_its_name():
     for bad in ("0", "-1", "nan", "soon"):
         with pytest.raises(SystemExit, match="FEDAPP_SUPERNODE_POLL_SECONDS"):
             prompt_supernode.poll_seconds(bad)
+
+
+def test_object_pulls_retry_sooner_than_flowers_first_second(monkeypatch):
+    from flwr.supercore.inflatable import inflatable_utils
+    pulls = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
+    for fn in pulls:  # Flower's own first wait, put back after the test
+        monkeypatch.setitem(fn.__kwdefaults__, "initial_backoff", 1)
+    monkeypatch.delenv(prompt_supernode.PULL_ENV, raising=False)
+    assert prompt_supernode.prompt_object_pulls()
+    assert [fn.__kwdefaults__["initial_backoff"] for fn in pulls] == [0.05, 0.05]
+    monkeypatch.setenv(prompt_supernode.PULL_ENV, "1")          # Flower's own, by choice
+    prompt_supernode.prompt_object_pulls()
+    assert [fn.__kwdefaults__["initial_backoff"] for fn in pulls] == [1.0, 1.0]
+    monkeypatch.setenv(prompt_supernode.PULL_ENV, "-1")
+    with pytest.raises(SystemExit, match="FEDAPP_OBJECT_PULL_SECONDS"):
+        prompt_supernode.prompt_object_pulls()

@@ -65,15 +65,60 @@ def _run_clientapp(spec) -> None:
     from flwr.supercore.tls import validate_and_resolve_root_certificates
     from flwr.supernode.runtime.run_clientapp import run_clientapp
 
-    run_clientapp(
-        runtime_api_address=spec.runtime_api_address,
-        token=spec.token,
-        insecure=spec.insecure,
-        certificates=validate_and_resolve_root_certificates(spec.root_certificates_path,
-                                                            spec.insecure),
-        parent_pid=spec.parent_pid,
-        runtime_dependency_install=spec.runtime_dependency_install,
-    )
+    from fedapp.runtime import timeline
+
+    marks = _trace_clientapp() if timeline.enabled() else None
+    try:
+        run_clientapp(
+            runtime_api_address=spec.runtime_api_address,
+            token=spec.token,
+            insecure=spec.insecure,
+            certificates=validate_and_resolve_root_certificates(spec.root_certificates_path,
+                                                                spec.insecure),
+            parent_pid=spec.parent_pid,
+            runtime_dependency_install=spec.runtime_dependency_install,
+        )
+    finally:
+        if marks is not None:
+            timeline.write("clientapp", **marks, exited=timeline.now())
+
+
+def _trace_clientapp() -> dict:
+    """Time the steps of Flower's ``run_clientapp`` in this (forked, so private) process: wrap
+    the functions it calls, by their names in its module. The marks that
+    ``fedapp.runtime.timeline`` describes, filled in as the steps end."""
+    from flwr.supernode.runtime import run_clientapp as flower
+
+    from fedapp.runtime.timeline import now
+    marks = {"forked": now()}
+
+    def after(name, step, note=None, before=None):
+        def timed(*args, **kwargs):
+            if before is not None:
+                marks[before] = now()
+            result = step(*args, **kwargs)
+            marks[name] = now()
+            if note is not None:
+                note(result)
+            return result
+        return timed
+
+    def loader(*args, **kwargs):
+        load = flower_get_loader(*args, **kwargs)
+
+        def timed_load(*a, **k):
+            app = load(*a, **k)
+            marks["loaded"] = now()
+            return after("handled", app)
+        return timed_load
+
+    flower_get_loader = flower.get_load_client_app_fn
+    flower.pull_task_input = after("pulled", flower.pull_task_input, before="connected",
+                                   note=lambda r: marks.update(id=r[0].metadata.message_id))
+    flower.install_from_fab = after("installed", flower.install_from_fab)
+    flower.get_load_client_app_fn = loader
+    flower.push_message = after("pushed", flower.push_message)
+    return marks
 
 
 class ForkExecutor:
@@ -182,6 +227,8 @@ def main() -> None:
     os.environ.setdefault(POLL_ENV, POLL_SECONDS)
     if install():
         preload()
+        from fedapp.cli.prompt_supernode import prompt_object_pulls
+        prompt_object_pulls()
     else:
         import flwr
         print(f"fedapp: flwr {flwr.__version__} is not {VERSION}; its own SuperExec starts "

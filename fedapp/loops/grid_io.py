@@ -22,6 +22,8 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.serverapp import Grid
 
+from fedapp.runtime import timeline
+
 
 class ClientFailed(RuntimeError):
     """A reply that carries an error instead of a result (the client raised, the message's
@@ -68,6 +70,7 @@ class PromptGrid:
 
     def send_and_receive(self, messages, *, timeout: float | None = None) -> list[Message]:
         # Flower's semantics: no timeout = wait for every reply; otherwise return what came.
+        pushed = timeline.now()
         pending = set(self._grid.push_messages(messages))
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
@@ -76,6 +79,10 @@ class PromptGrid:
             got = list(self._grid.pull_messages(pending))
             replies += got
             pending -= {m.metadata.reply_to_message_id for m in got}
+            if timeline.enabled():
+                for m in got:
+                    timeline.write("server", id=m.metadata.reply_to_message_id, pushed=pushed,
+                                   replied=timeline.now())
             if not pending or (deadline is not None and time.monotonic() >= deadline):
                 break
             time.sleep(wait if deadline is None else
