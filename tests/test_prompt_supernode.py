@@ -13,9 +13,10 @@ def test_sleep_is_capped_and_everything_else_is_time_s_own(monkeypatch):
     slept = []
     monkeypatch.setattr(time, "sleep", slept.append)
     capped = prompt_supernode.CappedSleep(0.5)
-    capped.sleep(3)     # Flower's idle wait
-    capped.sleep(0.2)   # shorter waits are kept
-    assert slept == [0.5, 0.2]
+    capped.sleep(3)     # Flower's idle wait for the SuperLink
+    capped.sleep(0.5)   # Flower's wait for its own ClientApp's reply: a tenth of the poll
+    capped.sleep(0.01)  # shorter waits are kept
+    assert slept == [0.5, 0.05, 0.01]
     assert capped.time is time.time and capped.monotonic is time.monotonic
 
 

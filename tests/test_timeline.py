@@ -41,7 +41,9 @@ def test_the_forked_clientapp_marks_each_step_of_flowers_run_clientapp(monkeypat
     from flwr.supernode.runtime import run_clientapp as flower
     message = SimpleNamespace(metadata=SimpleNamespace(message_id="m7"))
     # Stand-ins for Flower's steps; monkeypatch puts Flower's own back after the test.
-    monkeypatch.setattr(flower, "pull_task_input", lambda client: (message, "ctx", "run", "fab"))
+    monkeypatch.setattr(flower, "pull_and_inflate_object_from_tree", lambda *a, **k: message)
+    monkeypatch.setattr(flower, "pull_task_input", lambda client: (
+        flower.pull_and_inflate_object_from_tree("tree"), "ctx", "run", "fab"))
     monkeypatch.setattr(flower, "install_from_fab", lambda *a, **k: None)
     monkeypatch.setattr(flower, "get_load_client_app_fn",
                         lambda **k: lambda *a: lambda message, context: "reply")
@@ -55,7 +57,8 @@ def test_the_forked_clientapp_marks_each_step_of_flowers_run_clientapp(monkeypat
     assert app(message=message, context="ctx") == "reply"
     flower.push_message("client", "reply", "ctx")
     assert marks["id"] == "m7"
-    order = ["forked", "connected", "pulled", "installed", "loaded", "handled", "pushed"]
+    order = ["forked", "connected", "listed", "objects", "pulled", "installed", "loaded",
+             "handled", "pushed"]
     assert [marks[k] for k in order] == sorted(marks[k] for k in order)
 
 
@@ -64,10 +67,11 @@ def test_phases_pair_the_two_ends_and_add_up_to_the_round_trip():
              {"kind": "server", "id": "b", "pushed": 20.0, "replied": 27.0},
              {"kind": "server", "id": "lost", "pushed": 30.0, "replied": 31.0},
              {"kind": "server", "id": "c", "pushed": 40.0, "replied": 41.0},
-             {"kind": "clientapp", "id": "c", "forked": 40.0, "connected": 40.0,
+             {"kind": "clientapp", "id": "c", "forked": 40.0, "connected": 40.0, "listed": 40.0,
               "pulled": 40.0, "installed": 40.0, "loaded": 40.0, "handled": 40.0,
               "pushed": 40.0, "exited": 40.0},
-             {"kind": "clientapp", "id": "b", "forked": 21.0, "connected": 21.2, "pulled": 21.5,
+             {"kind": "clientapp", "id": "b", "forked": 21.0, "connected": 21.2, "listed": 21.3,
+              "pulled": 21.5,
               "installed": 22.0, "loaded": 23.0, "handled": 25.0, "pushed": 25.5,
               "exited": 26.0}]
     rows = timeline.phases(lines)

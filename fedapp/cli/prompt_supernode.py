@@ -7,10 +7,12 @@ two messages (train, then evaluate), so a node spends up to 7 s of every round j
 look: on a small method, more than its training.
 
 This module runs Flower's own ``flower-supernode`` (its arguments, its connection, its retries,
-its message handling) with one difference: every wait of that module is capped at
-``FEDAPP_SUPERNODE_POLL_SECONDS`` (``fedapp deploy supernode --poll-seconds``, default 0.5).
+its message handling) with one difference: every wait of that module for the SuperLink is
+capped at ``FEDAPP_SUPERNODE_POLL_SECONDS`` (``fedapp deploy supernode --poll-seconds``,
+default 0.5), and every wait on the node's own state at a tenth of it (:class:`CappedSleep`).
 The price is traffic: an idle node asks the SuperLink twice a second instead of once every
-3 s, so a federation of many nodes may want a longer poll (3 gives Flower's own behaviour).
+3 s, so a federation of many nodes may want a longer poll (3 gives Flower's wait for the
+SuperLink).
 Likewise a message's objects that are not there yet are asked for again after 0.05 s, not 1 s
 (:func:`prompt_object_pulls`, here and in the node's ClientApps and a deployed ServerApp).
 Other Flower releases run unchanged: the module's waits are 1.41's.
@@ -31,8 +33,13 @@ DEFAULT_POLL_SECONDS = 0.5
 
 class CappedSleep:
     """The ``time`` module as the SuperNode's loop sees it: ``sleep`` waits at most ``cap``
-    seconds, everything else is ``time``'s own. The loop's waits are polls (look again for a
-    message, a reply, an object), so a shorter wait changes when it looks, not what it does."""
+    seconds for the SuperLink (Flower's 3 s between two looks for a message) and at most
+    ``cap / 10`` for the node's own state (Flower's 0.5 s between two looks for its ClientApp's
+    reply or for an object in its store: a look costs no traffic); everything else is ``time``'s
+    own. The loop's waits are polls, so a shorter wait changes when it looks, not what it
+    does."""
+
+    LOCAL_WAIT = 0.5  # Flower 1.41's waits on the node's own state
 
     def __init__(self, cap: float) -> None:
         self.cap = cap
@@ -41,7 +48,7 @@ class CappedSleep:
         return getattr(time, name)
 
     def sleep(self, seconds: float) -> None:
-        time.sleep(min(seconds, self.cap))
+        time.sleep(min(seconds, self.cap / 10 if seconds <= self.LOCAL_WAIT else self.cap))
 
 
 def install(cap: float) -> bool:

@@ -115,6 +115,8 @@ def _trace_clientapp() -> dict:
     flower_get_loader = flower.get_load_client_app_fn
     flower.pull_task_input = after("pulled", flower.pull_task_input, before="connected",
                                    note=lambda r: marks.update(id=r[0].metadata.message_id))
+    flower.pull_and_inflate_object_from_tree = after(
+        "objects", flower.pull_and_inflate_object_from_tree, before="listed")
     flower.install_from_fab = after("installed", flower.install_from_fab)
     flower.get_load_client_app_fn = loader
     flower.push_message = after("pushed", flower.push_message)

@@ -5,10 +5,12 @@ Two kinds of line, both on this machine's wall clock (a loopback deployment: one
 
 - ``server``: the ServerApp's synchronous driver pushed message ``id`` at ``pushed`` and had its
   reply at ``replied`` (``fedapp.loops.grid_io.PromptGrid``);
-- ``clientapp``: the ClientApp process that handled message ``id``: forked at ``forked``, had
-  pulled its message, context and FAB at ``pulled``, installed the FAB at ``installed``, loaded
-  the app at ``loaded``, had the reply at ``handled``, pushed it at ``pushed`` and was about to
-  exit at ``exited`` (``fedapp.cli.warm_superexec``).
+- ``clientapp``: the ClientApp process that handled message ``id``: forked at ``forked``, asked
+  its SuperNode for its work at ``connected``, had the context, run, FAB and the message's
+  object tree at ``listed``, the message's objects at ``objects`` and the message at ``pulled``,
+  installed the FAB at ``installed``, loaded the app at ``loaded``, had the reply at
+  ``handled``, pushed it at ``pushed`` and was about to exit at ``exited``
+  (``fedapp.cli.warm_superexec``).
 
 Each process appends to its own file (``<kind>-<pid>.jsonl``): lines of concurrent processes
 never interleave. :func:`read` gathers them; :func:`phases` pairs the two ends by message id.
@@ -56,7 +58,9 @@ PHASES = [("to the ClientApp (SuperLink, SuperNode, SuperExec, fork)", "server.p
            "clientapp.forked"),
           ("connect to the SuperNode, start the heartbeat", "clientapp.forked",
            "clientapp.connected"),
-          ("pull message, context and FAB", "clientapp.connected", "clientapp.pulled"),
+          ("pull context, run, FAB and the message's object tree", "clientapp.connected",
+           "clientapp.listed"),
+          ("pull the message's objects", "clientapp.listed", "clientapp.pulled"),
           ("install the FAB", "clientapp.pulled", "clientapp.installed"),
           ("load the ClientApp", "clientapp.installed", "clientapp.loaded"),
           ("handle the message (data, model, training or evaluation)", "clientapp.loaded",
