@@ -9,7 +9,7 @@ before a missing object is asked for again) and torch threads of
 each node (``--threads``: 1, as the two share this machine's cores, or torch's own), then runs
 it in simulation (``fedapp run``), and prints each variant's round 1 and mean later round from
 the run's ``rounds.jsonl``. For the first variant (the default deployment) it also prints where
-a later round's message spends its seconds, from both ends' timestamps
+a later round's message spends its seconds, from the timestamps of every process on its way
 (``fedapp.runtime.timeline``). Every process it starts is stopped when it ends.
 
     .venv/bin/python benchmarks/deployed_round.py                       # LG-FedAvg, 4 rounds
@@ -115,7 +115,7 @@ def breakdown(trace: Path, last: int) -> list[str]:
     import numpy as np
     rows = timeline.phases(timeline.read(trace), last=last)
     if not rows:
-        return ["(no message was recorded at both ends)"]
+        return ["(no message was recorded by every process on its way)"]
     out = [f"Where a message of a later round spends its seconds ({len(rows)} messages: "
            "median, min-max):", "", "| phase | s |", "|---|---|"]
     for name in [p[0] for p in timeline.PHASES] + ["total"]:

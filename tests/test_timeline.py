@@ -1,4 +1,5 @@
-"""``fedapp.runtime.timeline``: a deployed message's timestamps at both ends, paired by id."""
+"""``fedapp.runtime.timeline``: a deployed message's timestamps in every process on its way,
+joined by its id."""
 
 from __future__ import annotations
 
@@ -62,22 +63,41 @@ def test_the_forked_clientapp_marks_each_step_of_flowers_run_clientapp(monkeypat
     assert [marks[k] for k in order] == sorted(marks[k] for k in order)
 
 
-def test_phases_pair_the_two_ends_and_add_up_to_the_round_trip():
-    lines = [{"kind": "server", "id": "a", "pushed": 0.0, "replied": 10.0},
-             {"kind": "server", "id": "b", "pushed": 20.0, "replied": 27.0},
-             {"kind": "server", "id": "lost", "pushed": 30.0, "replied": 31.0},
-             {"kind": "server", "id": "c", "pushed": 40.0, "replied": 41.0},
-             {"kind": "clientapp", "id": "c", "forked": 40.0, "connected": 40.0, "listed": 40.0,
-              "pulled": 40.0, "installed": 40.0, "loaded": 40.0, "handled": 40.0,
-              "pushed": 40.0, "exited": 40.0},
-             {"kind": "clientapp", "id": "b", "forked": 21.0, "connected": 21.2, "listed": 21.3,
-              "pulled": 21.5,
-              "installed": 22.0, "loaded": 23.0, "handled": 25.0, "pushed": 25.5,
-              "exited": 26.0}]
+def test_phases_join_each_messages_marks_and_add_up_to_the_round_trip():
+    def message(i, t):  # every mark of message i, one second apart from t on
+        return [{"kind": "server", "id": i, "pushed": t, "replied": t + 12.0},
+                {"kind": "supernode", "id": i, "received": t + 1.0},
+                {"kind": "clientapp", "id": i, **{k: t + 2.0 + n for n, k in enumerate(
+                    ("forked", "connected", "listed", "pulled", "installed", "loaded",
+                     "handled"))}, "pushed": t + 9.5, "exited": t + 20.0},
+                {"kind": "supernode", "id": i, "reply_seen": t + 9.0},
+                {"kind": "supernode", "id": i, "reply_sent": t + 10.0}]
+    lines = [*message("a", 0.0), *message("b", 100.0), *message("c", 200.0)[:3],
+             {"kind": "server", "id": "lost", "pushed": 300.0, "replied": 301.0}]
     rows = timeline.phases(lines)
-    assert len(rows) == 2                                    # "a", "lost": one end only
-    row = rows[0]
-    assert row["total"] == 7.0
-    assert sum(row[name] for name, _, _ in timeline.PHASES) == pytest.approx(7.0)
-    assert row[timeline.PHASES[0][0]] == 1.0 and row[timeline.PHASES[-1][0]] == 1.5
-    assert [r["total"] for r in timeline.phases(lines, last=2)] == [1.0]  # "lost", "c"
+    assert len(rows) == 2                   # "c" lacks the SuperNode's reply marks, "lost" all
+    for row in rows:
+        assert row["total"] == 12.0
+        assert [row[name] for name, _, _ in timeline.PHASES] == [1.0] * 8 + [1.0, 1.0, 2.0]
+    assert timeline.phases(lines, last=3) == rows[1:]   # only "b" of the last three pushes
+
+
+def test_the_supernode_marks_a_message_its_replys_sight_and_its_sending(tmp_path, monkeypatch):
+    from fedapp.cli import prompt_supernode
+    monkeypatch.setenv(timeline.ENV, str(tmp_path))
+    tree = SimpleNamespace(object_id="m1")
+    reply = SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id="m1"))
+
+    def pull_and_store(*, receive, **kwargs):   # Flower's step: receive, then store
+        receive()
+        return 5
+
+    def push(*, send, **kwargs):                 # Flower's step: wait for the reply, send it
+        send(reply, tree, 0.1)
+
+    loop = SimpleNamespace(_pull_and_store_message=pull_and_store, _push_messages=push)
+    prompt_supernode.trace(loop)
+    assert loop._pull_and_store_message(receive=lambda: ("message", tree), state=None) == 5
+    loop._push_messages(send=lambda *a: None, state=None)
+    marks = {k: v for x in timeline.read(tmp_path) for k, v in x.items() if x["id"] == "m1"}
+    assert marks["received"] <= marks["reply_seen"] <= marks["reply_sent"]

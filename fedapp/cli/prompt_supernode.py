@@ -61,7 +61,42 @@ def install(cap: float) -> bool:
         return False
     start_client_internal.time = CappedSleep(cap)
     prompt_object_pulls()
+    from fedapp.runtime import timeline
+    if timeline.enabled():
+        trace(start_client_internal)
     return True
+
+
+def trace(loop) -> None:
+    """Write the SuperNode's marks of ``fedapp.runtime.timeline`` (when it received a message,
+    when it saw its ClientApp's reply, when it had sent it): wrap the two steps of the loop
+    (``loop``: Flower 1.41's ``start_client_internal`` module), which it calls with keywords."""
+    from fedapp.runtime import timeline
+    receive_step, push_step = loop._pull_and_store_message, loop._push_messages
+
+    def pull_and_store(**kwargs):
+        receive = kwargs["receive"]
+
+        def received():
+            got = receive()
+            if got is not None:  # (message, its object tree): the tree's id is the message's
+                timeline.write("supernode", id=got[1].object_id, received=timeline.now())
+            return got
+        return receive_step(**{**kwargs, "receive": received})
+
+    def push(**kwargs):
+        send, ids = kwargs["send"], []
+
+        def sent(message, *args):
+            ids.append(message.metadata.reply_to_message_id)
+            timeline.write("supernode", id=ids[-1], reply_seen=timeline.now())
+            return send(message, *args)
+        result = push_step(**{**kwargs, "send": sent})
+        for message_id in ids:
+            timeline.write("supernode", id=message_id, reply_sent=timeline.now())
+        return result
+
+    loop._pull_and_store_message, loop._push_messages = pull_and_store, push
 
 
 PULL_ENV = "FEDAPP_OBJECT_PULL_SECONDS"

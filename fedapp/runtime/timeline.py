@@ -1,10 +1,13 @@
-"""Where a deployed message's seconds go: timestamps from both ends of one message, for the
+"""Where a deployed message's seconds go: timestamps from every process on its way, for the
 benchmarks (``benchmarks/deployed_round.py``), off unless ``FEDAPP_TIMELINE`` names a folder.
 
-Two kinds of line, both on this machine's wall clock (a loopback deployment: one clock):
+Three kinds of line, all on this machine's wall clock (a loopback deployment: one clock):
 
 - ``server``: the ServerApp's synchronous driver pushed message ``id`` at ``pushed`` and had its
   reply at ``replied`` (``fedapp.loops.grid_io.PromptGrid``);
+- ``supernode``: the SuperNode received message ``id`` at ``received``, saw its ClientApp's reply
+  at ``reply_seen`` and had sent it to the SuperLink at ``reply_sent``
+  (``fedapp.cli.prompt_supernode``);
 - ``clientapp``: the ClientApp process that handled message ``id``: forked at ``forked``, asked
   its SuperNode for its work at ``connected``, had the context, run, FAB and the message's
   object tree at ``listed``, the message's objects at ``objects`` and the message at ``pulled``,
@@ -13,7 +16,7 @@ Two kinds of line, both on this machine's wall clock (a loopback deployment: one
   (``fedapp.cli.warm_superexec``).
 
 Each process appends to its own file (``<kind>-<pid>.jsonl``): lines of concurrent processes
-never interleave. :func:`read` gathers them; :func:`phases` pairs the two ends by message id.
+never interleave. :func:`read` gathers them; :func:`phases` joins a message's marks by its id.
 """
 
 from __future__ import annotations
@@ -54,7 +57,9 @@ def read(folder: Path) -> list[dict[str, Any]]:
 
 
 # A message's way, in order: (phase, from, to); "server" marks are the ServerApp's.
-PHASES = [("to the ClientApp (SuperLink, SuperNode, SuperExec, fork)", "server.pushed",
+PHASES = [("to the SuperNode (SuperLink, the node's poll)", "server.pushed",
+           "supernode.received"),
+          ("to a ClientApp process (SuperExec's poll, fork)", "supernode.received",
            "clientapp.forked"),
           ("connect to the SuperNode, start the heartbeat", "clientapp.forked",
            "clientapp.connected"),
@@ -65,26 +70,33 @@ PHASES = [("to the ClientApp (SuperLink, SuperNode, SuperExec, fork)", "server.p
           ("load the ClientApp", "clientapp.installed", "clientapp.loaded"),
           ("handle the message (data, model, training or evaluation)", "clientapp.loaded",
            "clientapp.handled"),
-          ("push the reply", "clientapp.handled", "clientapp.pushed"),
-          ("back to the ServerApp (SuperNode, SuperLink, its pulls)", "clientapp.pushed",
+          # The SuperNode sees the reply once the ClientApp has pushed the message, before
+          # its objects (the ClientApp's "pushed"): the node's sending waits for them.
+          ("the reply to the SuperNode", "clientapp.handled", "supernode.reply_seen"),
+          ("the SuperNode sends it (with its objects, as the ClientApp pushes them)",
+           "supernode.reply_seen", "supernode.reply_sent"),
+          ("back to the ServerApp (SuperLink, the driver's pulls)", "supernode.reply_sent",
            "server.replied")]
 
 
 def phases(lines: list[dict[str, Any]], last: int | None = None) -> list[dict[str, float]]:
-    """Per message that both ends recorded, in the order the server pushed them: the seconds of
+    """Per message that every process recorded, in the order the server pushed them: the seconds of
     each phase of :data:`PHASES` and ``total`` (push to reply). ``last``: only the server's
     last so many messages (the later rounds: not the identity queries, not round 1 with the
     nodes' first ClientApps and the FAB's first install)."""
-    clientapps = {x["id"]: x for x in lines if x["kind"] == "clientapp" and x.get("id")}
+    by_id: dict[str, dict[str, float]] = {}  # a message's marks, from every process
+    for line in lines:
+        if line.get("id") is not None:
+            marks = by_id.setdefault(line["id"], {})
+            marks.update({f"{line['kind']}.{k}": v for k, v in line.items()
+                          if k not in ("kind", "id")})
     servers = sorted((x for x in lines if x["kind"] == "server"), key=lambda x: x["pushed"])
-    needed = {end.split(".")[1] for _, start, end in PHASES if end.startswith("clientapp.")}
+    needed = {end for _, _, end in PHASES}
     out = []
     for server in servers[-last if last else 0:]:
-        app = clientapps.get(server["id"])
-        if app is None or not needed <= set(app):
+        marks = by_id[server["id"]]
+        if not needed <= set(marks):
             continue
-        marks = {f"server.{k}": v for k, v in server.items()}
-        marks.update({f"clientapp.{k}": v for k, v in app.items()})
         row = {name: marks[end] - marks[start] for name, start, end in PHASES}
         row["total"] = server["replied"] - server["pushed"]
         out.append(row)
