@@ -70,14 +70,34 @@ def provenance(made_here: bool) -> dict[str, Any]:
 
 
 def record(out_dir: Path, run_name: str, origin: Mapping[str, Any]) -> dict[str, Any]:
-    """The run's summary, kept (with ``origin``, its provenance) as its record unless it has
-    one."""
-    summary = json.loads(finished(out_dir, run_name).read_text())
+    """The run's record: its summary with ``provenance`` (``origin`` if the run has no record
+    yet, which it is then kept as)."""
     path = record_path(out_dir, run_name)
     if not path.exists():
+        summary = json.loads(finished(out_dir, run_name).read_text())
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**summary, "provenance": dict(origin)}, indent=1) + "\n")
-    return summary
+    return json.loads(path.read_text())
+
+
+def provenance_line(summaries: Iterable[Mapping[str, Any]]) -> str:
+    """Where a table's runs were made, in a sentence: their commits and machines (records)."""
+    origins = [s.get("provenance", {}) for s in summaries]
+    commits: dict[str, int] = {}
+    machines: dict[str, int] = {}
+    for o in origins:
+        commit = o.get("commit", "unknown")[:7] + (" with uncommitted changes" if o.get("dirty")
+                                                   else "")
+        commits[commit] = commits.get(commit, 0) + 1
+        if "cpu" in o:
+            machine = f"{o['cpu']} ({o['cpu_capability']}), torch {o['torch']}"
+            machines[machine] = machines.get(machine, 0) + 1
+
+    def listed(counts: dict[str, int]) -> str:
+        return ", ".join(f"{k} ({n})" for k, n in sorted(counts.items(), key=lambda x: -x[1]))
+    return (f"Its {len(origins)} runs were made at commits {listed(commits)}"
+            + (f", on {listed(machines)}" if machines else "")
+            + " (reproduce/records/).")
 
 
 def run_experiment(preset: str | None, overrides: Mapping[str, Any], run_name: str,

@@ -94,3 +94,14 @@ def test_a_finished_run_is_recorded_with_where_it_was_made(tmp_path, records, mo
     common.run_experiment(None, {}, "c-seed0", out)
     assert "commit" not in json.loads(
         (records / "scoreboard" / "c-seed0.json").read_text())["provenance"]
+
+
+def test_a_table_says_where_its_runs_were_made():
+    here = {"commit": "199b52b8656a", "dirty": False, "cpu": "AMD EPYC",
+            "cpu_capability": "AVX512", "torch": "2.14.1"}
+    line = common.provenance_line([{"provenance": here}, {"provenance": here},
+                                   {"provenance": {**here, "dirty": True}},
+                                   {"provenance": {"recorded_from": "earlier"}}, {}])
+    assert line.startswith("Its 5 runs were made at commits 199b52b (2), unknown (2), "
+                           "199b52b with uncommitted changes (1), on AMD EPYC (AVX512), "
+                           "torch 2.14.1 (3)")
