@@ -9,7 +9,7 @@ from logging import INFO
 
 from flwr.app import Context
 from flwr.common.logger import log
-from flwr.server import ServerAppComponents, ServerConfig
+from flwr.server import Server, ServerAppComponents, ServerConfig, SimpleClientManager
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid, ServerApp
 
@@ -64,6 +64,28 @@ def server_fn(context: Context) -> ServerAppComponents:
         num_rounds=cfg.num_server_rounds - done, round_timeout=cfg.round_timeout or None))
 
 
+# Threads of the synchronous driver in a deployment, at most: each one only waits for a reply.
+MAX_DRIVER_THREADS = 256
+
+
+def deployed_server(grid: Grid, components: ServerAppComponents) -> Server | None:
+    """The Server that Flower's synchronous driver runs in a deployment; None (Flower's own) in
+    a simulation. Flower sends a round's messages from a thread pool of Python's default size,
+    min(32, cores + 4) — 6 on 2 cores — and each thread waits for one node's reply, so a
+    deployment of more nodes than threads ran each round in waves. Here the pool has a thread
+    per client (at most ``MAX_DRIVER_THREADS``). A simulation keeps Flower's pool: its virtual
+    clients run as many at once as the machine has Ray actors, fewer than the pool's threads."""
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    if isinstance(grid, InMemoryGrid):
+        return None
+    strategy = components.strategy
+    server = Server(client_manager=components.client_manager or SimpleClientManager(),
+                    strategy=strategy)
+    server.set_max_workers(max(1, min(MAX_DRIVER_THREADS, strategy.cfg.num_clients)))
+    return server
+
+
 # The loops that are not Flower's synchronous rounds, by their server-loop name.
 LOOPS = {"async": AsyncLoop, "walk": WalkLoop, "gossip": GossipLoop}
 
@@ -87,8 +109,9 @@ def main(grid: Grid, context: Context) -> None:
         if loop is not None:
             loop(grid, strategy, strategy.recorder).run()
             return
-        start_grid(grid=PromptGrid(grid), server=components.server, config=components.config,
-                   strategy=strategy, client_manager=components.client_manager)
+        start_grid(grid=PromptGrid(grid), server=deployed_server(grid, components),
+                   config=components.config, strategy=strategy,
+                   client_manager=components.client_manager)
     except RoundFailed as exc:
         # Flower records only that the run failed: the results folder says why.
         if strategy.recorder is not None:

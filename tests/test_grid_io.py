@@ -59,3 +59,43 @@ def test_everything_else_is_the_grids_own():
     grid = FakeGrid(arrive_at=[1])
     assert PromptGrid(grid).run.run_id == 7
     assert PromptGrid(grid).push_messages(["x"]) == ["m0"]
+
+
+def test_a_deployment_waits_for_every_nodes_reply_at_once_not_in_waves():
+    # Flower's driver sends a round's messages from a thread pool, each thread waiting for one
+    # reply; Python's default pool has min(32, cores + 4) threads. Deployed, the pool has a
+    # thread per client; simulated (the in-memory grid), Flower's own pool is kept.
+    import threading
+    import time as clock
+
+    from flwr.common import Code
+    from flwr.server.server import fit_clients
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    from fedapp.server_app import deployed_server
+
+    nodes = 40
+    strategy = SimpleNamespace(cfg=SimpleNamespace(num_clients=nodes))
+    components = SimpleNamespace(strategy=strategy, client_manager=None)
+    assert deployed_server(InMemoryGrid.__new__(InMemoryGrid), components) is None
+    server = deployed_server(FakeGrid([1]), components)
+    assert server.max_workers == nodes
+
+    lock, waiting, most = threading.Lock(), [0], [0]
+
+    class Node:  # a client proxy whose reply comes once every node has been asked (or 2 s)
+        def fit(self, ins, timeout, group_id):
+            with lock:
+                waiting[0] += 1
+                most[0] = max(most[0], waiting[0])
+            deadline = clock.monotonic() + 2.0
+            while most[0] < nodes and clock.monotonic() < deadline:
+                clock.sleep(0.01)
+            with lock:
+                waiting[0] -= 1
+            return SimpleNamespace(status=SimpleNamespace(code=Code.OK))
+
+    results, failures = fit_clients([(Node(), None) for _ in range(nodes)],
+                                    max_workers=server.max_workers, timeout=None, group_id=1)
+    assert len(results) == nodes and not failures
+    assert most[0] == nodes          # every node's reply awaited at once
