@@ -70,7 +70,7 @@ def test_phases_join_each_messages_marks_and_add_up_to_the_round_trip():
                 {"kind": "clientapp", "id": i, **{k: t + 2.0 + n for n, k in enumerate(
                     ("forked", "connected", "listed", "pulled", "installed", "loaded",
                      "handled"))}, "pushed": t + 9.5, "exited": t + 20.0},
-                {"kind": "supernode", "id": i, "reply_seen": t + 9.0},
+                {"kind": "supernode", "id": i, "reply_seen": t + 9.0, "reply_told": t + 9.5},
                 {"kind": "supernode", "id": i, "reply_sent": t + 10.0}]
     lines = [*message("a", 0.0), *message("b", 100.0), *message("c", 200.0)[:3],
              {"kind": "server", "id": "lost", "pushed": 300.0, "replied": 301.0}]
@@ -78,7 +78,7 @@ def test_phases_join_each_messages_marks_and_add_up_to_the_round_trip():
     assert len(rows) == 2                   # "c" lacks the SuperNode's reply marks, "lost" all
     for row in rows:
         assert row["total"] == 12.0
-        assert [row[name] for name, _, _ in timeline.PHASES] == [1.0] * 8 + [1.0, 1.0, 2.0]
+        assert [row[name] for name, _, _ in timeline.PHASES] == [1.0] * 9 + [0.5, 0.5, 2.0]
     assert timeline.phases(lines, last=3) == rows[1:]   # only "b" of the last three pushes
 
 
@@ -100,4 +100,4 @@ def test_the_supernode_marks_a_message_its_replys_sight_and_its_sending(tmp_path
     assert loop._pull_and_store_message(receive=lambda: ("message", tree), state=None) == 5
     loop._push_messages(send=lambda *a: None, state=None)
     marks = {k: v for x in timeline.read(tmp_path) for k, v in x.items() if x["id"] == "m1"}
-    assert marks["received"] <= marks["reply_seen"] <= marks["reply_sent"]
+    assert marks["received"] <= marks["reply_seen"] <= marks["reply_told"] <= marks["reply_sent"]

@@ -89,8 +89,10 @@ def trace(loop) -> None:
 
         def sent(message, *args):
             ids.append(message.metadata.reply_to_message_id)
-            timeline.write("supernode", id=ids[-1], reply_seen=timeline.now())
-            return send(message, *args)
+            seen = timeline.now()
+            result = send(message, *args)
+            timeline.write("supernode", id=ids[-1], reply_seen=seen, reply_told=timeline.now())
+            return result
         result = push_step(**{**kwargs, "send": sent})
         for message_id in ids:
             timeline.write("supernode", id=message_id, reply_sent=timeline.now())

@@ -6,7 +6,8 @@ Three kinds of line, all on this machine's wall clock (a loopback deployment: on
 - ``server``: the ServerApp's synchronous driver pushed message ``id`` at ``pushed`` and had its
   reply at ``replied`` (``fedapp.loops.grid_io.PromptGrid``);
 - ``supernode``: the SuperNode received message ``id`` at ``received``, saw its ClientApp's reply
-  at ``reply_seen`` and had sent it to the SuperLink at ``reply_sent``
+  at ``reply_seen``, had sent the reply to the SuperLink at ``reply_told`` and its objects at
+  ``reply_sent``
   (``fedapp.cli.prompt_supernode``);
 - ``clientapp``: the ClientApp process that handled message ``id``: forked at ``forked``, asked
   its SuperNode for its work at ``connected``, had the context, run, FAB and the message's
@@ -73,8 +74,10 @@ PHASES = [("to the SuperNode (SuperLink, the node's poll)", "server.pushed",
           # The SuperNode sees the reply once the ClientApp has pushed the message, before
           # its objects (the ClientApp's "pushed"): the node's sending waits for them.
           ("the reply to the SuperNode", "clientapp.handled", "supernode.reply_seen"),
-          ("the SuperNode sends it (with its objects, as the ClientApp pushes them)",
-           "supernode.reply_seen", "supernode.reply_sent"),
+          ("the SuperNode sends the reply to the SuperLink", "supernode.reply_seen",
+           "supernode.reply_told"),
+          ("the SuperNode sends its objects (as the ClientApp pushes them)",
+           "supernode.reply_told", "supernode.reply_sent"),
           ("back to the ServerApp (SuperLink, the driver's pulls)", "supernode.reply_sent",
            "server.replied")]
 
