@@ -26,8 +26,9 @@ bench: setup
 	.venv/bin/python benchmarks/runtime_overhead.py
 
 # Every table and plot in docs/ from its reproduction script (3 seeds where the page reports
-# seeds; the diagnostic pages at their one seed). Finished runs under results/ are reused, so an
-# interrupted `make reproduce` resumes, and with every run present it only rewrites the tables.
+# seeds; the diagnostic pages at their one seed). Finished runs under results/, or recorded in
+# reproduce/records/, are reused, so an interrupted `make reproduce` resumes (on another machine
+# too), and with every run present it only rewrites the tables.
 # From nothing it takes many hours on 2 cores, not yet timed as a whole (a script's docstring
 # gives its own share). reproduce/crosscheck_htfllib.py is not among them: it needs the folder
 # PFLlib's generator writes (docs/crosscheck.md).
