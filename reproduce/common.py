@@ -77,7 +77,13 @@ def record(out_dir: Path, run_name: str, origin: Mapping[str, Any]) -> dict[str,
         summary = json.loads(finished(out_dir, run_name).read_text())
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**summary, "provenance": dict(origin)}, indent=1) + "\n")
-    return json.loads(path.read_text())
+    kept = json.loads(path.read_text())
+    READ.append(kept)
+    return kept
+
+
+# Every run this process has read (its record): where a script's tables come from.
+READ: list[dict[str, Any]] = []
 
 
 def provenance_line(summaries: Iterable[Mapping[str, Any]]) -> str:
@@ -95,7 +101,8 @@ def provenance_line(summaries: Iterable[Mapping[str, Any]]) -> str:
 
     def listed(counts: dict[str, int]) -> str:
         return ", ".join(f"{k} ({n})" for k, n in sorted(counts.items(), key=lambda x: -x[1]))
-    return (f"Its {len(origins)} runs were made at commits {listed(commits)}"
+    runs = f"{len(origins)} runs were" if len(origins) != 1 else "run was"
+    return (f"This script's {runs} made at commits {listed(commits)}"
             + (f", on {listed(machines)}" if machines else "")
             + " (reproduce/records/).")
 
@@ -324,9 +331,12 @@ def read_generated(doc: Path, script: str) -> str:
 
 
 def write_generated(doc: Path, script: str, text: str) -> None:
-    """Replace the part of ``doc`` between the script's markers with ``text`` (the prose
-    around it is kept); create the doc with just that part if it does not exist."""
+    """Replace the part of ``doc`` between the script's markers with ``text`` and a line on
+    where the script's runs were made (the prose around it is kept); create the doc with just
+    that part if it does not exist."""
     begin, end = GENERATED_BEGIN.format(script=script), GENERATED_END.format(script=script)
+    if READ:
+        text = f"{text.rstrip()}\n\n{provenance_line(READ)}"
     block = f"{begin}\n{text.rstrip()}\n{end}"
     old = doc.read_text() if doc.exists() else ""
     if begin in old and end in old:

@@ -43,8 +43,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (ROOT, add_resource_options, finished, mean_std,  # noqa: E402
-                    mean_client_accuracy, provenance_line, resource_overrides, run_parallel,
-                    run_seeds, write_generated)
+                    mean_client_accuracy, resource_overrides, run_parallel, run_seeds,
+                    write_generated)
 
 SCRIPT = "reproduce/scoreboard.py"
 OUT = ROOT / "results" / "scoreboard"
@@ -198,7 +198,6 @@ def main() -> None:
         "|---|---|" + "---|" * len(columns) + "---|---|"]
     bars: dict[str, dict[str, tuple[float, float]]] = {}  # (difference, its standard error)
     notes: list[str] = []  # the other predictions a method reports (summary accuracy.variants)
-    everything: list[dict] = []  # every run in the table, for where they were made
     for (method, loop, variant), cells in table.items():
         base_key = ("standalone", "rounds", "cnn5" if variant == "cnn5" else "")
         texts, done = [], []
@@ -221,7 +220,6 @@ def main() -> None:
                     diff, diff_std / np.sqrt(max(len(mine) - 1, 1)))
             texts.append(text)
             done += mine
-            everything += mine
             for name in mine[0]["accuracy"].get("variants", {}):
                 values = [x["accuracy"]["variants"][name]["mean"] for x in mine]
                 notes.append(f"- {label(method, loop, variant)}, {SETTINGS[s][0]}: {name} "
@@ -231,8 +229,6 @@ def main() -> None:
                 if done else "— | —")
         lines.append(f"| {label(method, '', variant)} | {loop} | " + " | ".join(texts)
                      + f" | {cost} |")
-    if everything:
-        lines += ["", provenance_line(everything)]
     if notes:
         lines += ["", "The same runs' other predictions (mean over clients, ± std over the "
                   "seeds), where a method reports one beside its headline:", "", *notes]

@@ -53,6 +53,7 @@ def records(tmp_path, monkeypatch):
     """A records folder of the test's own (never the repository's)."""
     folder = tmp_path / "records"
     monkeypatch.setattr(common, "RECORDS", folder)
+    monkeypatch.setattr(common, "READ", [])
     return folder
 
 
@@ -66,6 +67,10 @@ def test_a_recorded_run_is_reused_where_its_results_folder_is_empty(tmp_path, re
     assert common.finished(out, "a-seed1") is None
     assert common.run_experiment(None, {}, "a-seed0", out)["accuracy"] == 0.5
     common.run_parallel([(None, {}, "a-seed0")], out, jobs=2)   # nothing left to run
+    # The table the script then writes says where its runs were made.
+    common.write_generated(tmp_path / "doc.md", "s.py", "| table |")
+    assert "This script's run was made at commits unknown (1)" in (
+        tmp_path / "doc.md").read_text()
 
 
 def test_a_finished_run_is_recorded_with_where_it_was_made(tmp_path, records, monkeypatch):
@@ -102,6 +107,6 @@ def test_a_table_says_where_its_runs_were_made():
     line = common.provenance_line([{"provenance": here}, {"provenance": here},
                                    {"provenance": {**here, "dirty": True}},
                                    {"provenance": {"recorded_from": "earlier"}}, {}])
-    assert line.startswith("Its 5 runs were made at commits 199b52b (2), unknown (2), "
+    assert line.startswith("This script's 5 runs were made at commits 199b52b (2), unknown (2), "
                            "199b52b with uncommitted changes (1), on AMD EPYC (AVX512), "
                            "torch 2.14.1 (3)")
