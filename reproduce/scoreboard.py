@@ -16,7 +16,9 @@ folds in one upload at a time) and the device-to-device loops (walk, gossip) hav
 rows; they are not run at 30 % participation, a notion of the synchronous round.
 
 Each cell: mean ± std over the seeds of the mean per-client local-test accuracy after the last
-round, and its difference to Standalone on the same setting. Writes docs/scoreboard.md (between
+round, and its difference to Standalone on the same setting; for a method whose recipe is not
+Standalone's, also to a Standalone trained with that recipe (one row per recipe), which tells
+what the recipe does from what the method does. Writes docs/scoreboard.md (between
 its generated markers) and docs/scoreboard.png.
 
     .venv/bin/python reproduce/scoreboard.py                              # everything, 3 seeds
@@ -34,6 +36,7 @@ read "not run".
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import sys
 from pathlib import Path
@@ -70,14 +73,64 @@ ROUNDS_ONLY = {"dir0.3-p30"}          # settings that only the synchronous loop 
 ONE_ARCH = {"arch-mix": "cnn5"}       # FedAvg: the smallest CNN of the mix
 
 
+# What a client's training is, beyond the local work every row shares (COMMON): a method's
+# recipe sets these, and a Standalone trained with the same values tells the recipe's share of
+# the method's difference to Standalone from the method's own.
+TRAINING = ("optimizer", "lr", "momentum", "adam-beta1", "adam-beta2", "weight-decay",
+            "grad-clip", "optimizer-state", "lr-decay-at", "lr-decay", "drop-last",
+            "feature-dim")
+
+
+@functools.cache
+def training(method: str) -> tuple[tuple[str, Any], ...]:
+    """How ``method``'s clients train in every row of the table (its recipe under COMMON, as
+    ``fedapp settings`` resolves it): the TRAINING values that act (momentum for SGD, betas
+    for Adam, the decay factor when the lr decays)."""
+    from fedapp.cli.run import resolve_settings
+    from fedapp.config import toml_value
+    from strategies import settings_report
+    texts = [f"{k}={toml_value(v)}" for k, v in {**COMMON, "method": method}.items()]
+    v = settings_report(resolve_settings(None, texts)[0])["settings"]
+    idle = {"sgd": {"adam-beta1", "adam-beta2"}, "adam": {"momentum"}}.get(v["optimizer"], set())
+    if not v["lr-decay-at"]:
+        idle |= {"lr-decay"}
+    return tuple((k, v[k]) for k in TRAINING if k not in idle)
+
+
+@functools.cache
+def recipes() -> dict[str, tuple[tuple[str, Any], ...]]:
+    """Each recipe of the table other than Standalone's own, by its variant name: that of its
+    first method in the registry (``fedper-recipe`` serves FedPer and FedRep); HtFLlib's (FD's,
+    plain SGD and a new optimizer every round, shared by most of its methods) is
+    ``htfllib-recipe``."""
+    from strategies import METHODS
+    own, out = training("standalone"), {}
+    for name, method in METHODS.items():
+        values = training(name)
+        if method.homogeneous_only or values == own or values in out.values():
+            continue
+        out["htfllib-recipe" if values == training("fd") else f"{name}-recipe"] = values
+    return out
+
+
+def recipe_of(method: str) -> str | None:
+    """The variant of the Standalone that trains as ``method`` does; None if Standalone's own
+    recipe is ``method``'s."""
+    return next((name for name, values in recipes().items() if values == training(method)),
+                None)
+
+
 def variants() -> dict[str, tuple[dict[str, Any], str]]:
     """A row's variant -> (its overrides, its label). ``cnn5``: one architecture (FedAvg and its
-    Standalone); ``htfllib-recipe``: Standalone trained as HtFLlib trains (FD's recipe: plain
-    SGD, a new optimizer every round), which tells a recipe's share of a difference from the
-    method's for the methods that train so."""
+    Standalone); ``<method>-recipe``: Standalone trained with that method's recipe (the rows it
+    serves say which methods train so)."""
     from strategies import METHODS
-    return {"": ({}, ""), "cnn5": (ONE_ARCH, f"{ONE_ARCH['arch-mix']} only"),
-            "htfllib-recipe": (dict(METHODS["fd"].recipe), "HtFLlib's recipe")}
+    out = {"": ({}, ""), "cnn5": (ONE_ARCH, f"{ONE_ARCH['arch-mix']} only")}
+    for name, values in recipes().items():
+        users = [m for m in METHODS if recipe_of(m) == name and not METHODS[m].homogeneous_only]
+        out[name] = (dict(values), ("HtFLlib's recipe: " if name == "htfllib-recipe" else
+                                    "the recipe of ") + ", ".join(users))
+    return out
 
 
 def rows() -> list[tuple[str, str]]:
@@ -113,18 +166,6 @@ def runs(setting: str, method: str, loop: str, variant: str, seeds: list[int],
         return None
     return run_seeds(None, {**overrides(setting, method, loop, variant), **resources}, name,
                      seeds, out)
-
-
-RECIPE_KEY = ("standalone", "rounds", "htfllib-recipe")
-
-
-def htfllib_trained(method: str) -> bool:
-    """Whether ``method``'s clients train as the HtFLlib-recipe Standalone does (the same
-    optimizer, learning rate, momentum, weight decay and optimizer lifetime)."""
-    from strategies import METHODS
-    keys = ("optimizer", "lr", "momentum", "weight-decay", "optimizer-state")
-    recipe, reference = dict(METHODS[method].recipe), variants()["htfllib-recipe"][0]
-    return method != "standalone" and all(recipe.get(k) == reference.get(k) for k in keys)
 
 
 def paired(mine: list[dict], base: list[dict]) -> tuple[float, float]:
@@ -166,7 +207,7 @@ def main() -> None:
         if METHODS[method].homogeneous_only:
             keys = [(method, loop, "cnn5"), ("standalone", "rounds", "cnn5")]
         else:
-            keys = [(method, loop, "")] + ([("standalone", "rounds", "htfllib-recipe")]
+            keys = [(method, loop, "")] + ([("standalone", "rounds", r) for r in recipes()]
                                            if method == "standalone" else [])
         wanted += [(key, setting, not args.table_only and setting in args.settings
                     and method in chosen)
@@ -188,8 +229,9 @@ def main() -> None:
         "Mean per-client local-test accuracy after round 20, ± std over the seeds "
         f"({len(seeds)} per cell), and in brackets its difference to Standalone on the same "
         "setting and architectures, seed by seed (the same partition and initial weights): "
-        "mean ± std of the differences; for a method that trains as HtFLlib does, also the "
-        "difference to the Standalone trained so (\"at its recipe\"). Traffic: bytes of "
+        "mean ± std of the differences; for a method whose recipe is not Standalone's, also "
+        "the difference to the Standalone trained with its recipe (\"at its recipe\"). "
+        "Traffic: bytes of "
         "arrays up + down per participating client per round; seconds: wall-clock seconds per "
         "round of the whole run, on the machine that made the table (indicative: see "
         "docs/benchmarks.md for timings).", "",
@@ -212,7 +254,8 @@ def main() -> None:
             if base and (method, loop, variant) != base_key:
                 diff, diff_std = paired(mine, base)
                 text += f" ({diff:+.3f} ± {diff_std:.3f}"
-                recipe_base = table[RECIPE_KEY].get(s) if htfllib_trained(method) else None
+                recipe = recipe_of(method) if method != "standalone" and not variant else None
+                recipe_base = table[("standalone", "rounds", recipe)].get(s) if recipe else None
                 if recipe_base:
                     text += "; {:+.3f} ± {:.3f} at its recipe".format(*paired(mine, recipe_base))
                 text += ")"

@@ -19,13 +19,23 @@ def test_run_names_stay_those_of_the_runs_already_made():
             == "iid-standalone-htfllib-recipe")
 
 
-def test_the_methods_read_against_the_htfllib_recipe_standalone_train_as_it_does():
+def test_each_method_is_read_against_a_standalone_trained_with_its_recipe():
     from strategies import METHODS
-    trained = {m for m in METHODS if scoreboard.htfllib_trained(m)}
-    assert trained == {"fd", "fedgen", "fedl2g", "fml", "fedmrl", "fedkd", "fedtgp"}
-    # FedRE's lr (0.03) differs; Standalone is the reference itself.
-    assert not scoreboard.htfllib_trained("fedre")
+    # HtFLlib's recipe keeps its run names; the methods that train so are read against it.
+    assert {m for m in METHODS if scoreboard.recipe_of(m) == "htfllib-recipe"} == {
+        "fd", "fedgen", "fedmrl", "fedtgp"}
+    # Methods that share a recipe share its Standalone; Standalone is the reference itself.
+    assert scoreboard.recipe_of("fedper") == scoreboard.recipe_of("fedrep") == "fedper-recipe"
+    assert scoreboard.recipe_of("felo") == scoreboard.recipe_of("velo") == "felo-recipe"
+    assert scoreboard.recipe_of("standalone") is None
+    # A recipe's Standalone trains as its methods do, with the local work every row shares.
+    fedhe = scoreboard.overrides("iid", "standalone", "rounds", "fedhe-recipe")
+    assert fedhe["optimizer"] == "adam" and fedhe["optimizer-state"] == "keep"
+    assert (fedhe["batch-size"], fedhe["local-epochs"], fedhe["local-steps"]) == (10, 1, 0)
     assert scoreboard.overrides("iid", "standalone", "rounds", "htfllib-recipe")["momentum"] == 0
+    # Only what acts: SGD has no betas, a run without decay no decay factor.
+    assert "adam-beta1" not in dict(scoreboard.training("fd"))
+    assert "lr-decay" in dict(scoreboard.training("felo"))
 
 
 def test_the_difference_is_taken_seed_by_seed():
@@ -41,4 +51,5 @@ def test_the_difference_is_taken_seed_by_seed():
 def test_labels_name_the_loop_and_the_variant():
     assert scoreboard.label("fedhe", "async", "") == "fedhe (async)"
     assert scoreboard.label("fedavg", "rounds", "cnn5") == "fedavg (cnn5 only)"
-    assert scoreboard.label("standalone", "", "htfllib-recipe") == "standalone (HtFLlib's recipe)"
+    assert scoreboard.label("standalone", "", "htfllib-recipe") == (
+        "standalone (HtFLlib's recipe: fedgen, fedmrl, fd, fedtgp)")
