@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fedapp.cli.flower import _free_port, stop_process_group, wait_for_port  # noqa: E402
-from fedapp.cli.prompt_supernode import PULL_ENV  # noqa: E402
+from fedapp.runtime.object_pulls import PULL_ENV  # noqa: E402
 from fedapp.runtime import timeline  # noqa: E402
 
 FEDAPP = [sys.executable, "-m", "fedapp.cli.main"]

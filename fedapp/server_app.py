@@ -97,7 +97,7 @@ def main(grid: Grid, context: Context) -> None:
     # In a simulation this process also holds the link state: let it find a node's messages
     # without checking every other node's (fedapp.runtime.linkstate).
     linkstate.install()
-    from fedapp.cli.prompt_supernode import prompt_object_pulls
+    from fedapp.runtime.object_pulls import prompt_object_pulls
     prompt_object_pulls()
     # One ServerApp, two loops: Flower runs ``main`` whenever it exists, so the synchronous
     # path is spelled out here exactly as ServerApp(server_fn=...) would run it.

@@ -42,16 +42,17 @@ def test_a_bad_poll_is_refused_with_its_name():
 
 
 def test_object_pulls_retry_sooner_than_flowers_first_second(monkeypatch):
+    from fedapp.runtime import object_pulls
     from flwr.supercore.inflatable import inflatable_utils
     pulls = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
     for fn in pulls:  # Flower's own first wait, put back after the test
         monkeypatch.setitem(fn.__kwdefaults__, "initial_backoff", 1)
-    monkeypatch.delenv(prompt_supernode.PULL_ENV, raising=False)
-    assert prompt_supernode.prompt_object_pulls()
+    monkeypatch.delenv(object_pulls.PULL_ENV, raising=False)
+    assert object_pulls.prompt_object_pulls()
     assert [fn.__kwdefaults__["initial_backoff"] for fn in pulls] == [0.05, 0.05]
-    monkeypatch.setenv(prompt_supernode.PULL_ENV, "1")          # Flower's own, by choice
-    prompt_supernode.prompt_object_pulls()
+    monkeypatch.setenv(object_pulls.PULL_ENV, "1")          # Flower's own, by choice
+    object_pulls.prompt_object_pulls()
     assert [fn.__kwdefaults__["initial_backoff"] for fn in pulls] == [1.0, 1.0]
-    monkeypatch.setenv(prompt_supernode.PULL_ENV, "-1")
+    monkeypatch.setenv(object_pulls.PULL_ENV, "-1")
     with pytest.raises(SystemExit, match="FEDAPP_OBJECT_PULL_SECONDS"):
-        prompt_supernode.prompt_object_pulls()
+        object_pulls.prompt_object_pulls()

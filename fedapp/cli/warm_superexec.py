@@ -229,7 +229,7 @@ def main() -> None:
     os.environ.setdefault(POLL_ENV, POLL_SECONDS)
     if install():
         preload()
-        from fedapp.cli.prompt_supernode import prompt_object_pulls
+        from fedapp.runtime.object_pulls import prompt_object_pulls
         prompt_object_pulls()
     else:
         import flwr
