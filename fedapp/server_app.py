@@ -74,7 +74,7 @@ def deployed_server(grid: Grid, components: ServerAppComponents) -> Server | Non
     min(32, cores + 4) — 6 on 2 cores — and each thread waits for one node's reply, so a
     deployment of more nodes than threads ran each round in waves. Here the pool has a thread
     per client (at most ``MAX_DRIVER_THREADS``). A simulation keeps Flower's pool: its virtual
-    clients run as many at once as the machine has Ray actors, fewer than the pool's threads."""
+    clients run only as many at once as the machine has Ray actors."""
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
     if isinstance(grid, InMemoryGrid):
