@@ -145,11 +145,62 @@ def test_ray_workers_run_at_the_simulations_priority_unless_the_user_says(monkey
     assert flower_env(Path("home"))["RAY_worker_niceness"] == "5"
 
 
+def test_the_simulations_superexec_looks_for_a_run_five_times_a_second_unless_the_user_says(
+        monkeypatch, tmp_path):
+    monkeypatch.delenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", raising=False)
+    link = LocalSuperLink(tmp_path / "a", tmp_path / "a.log")
+    assert link.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.2"
+    monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "2")
+    assert LocalSuperLink(tmp_path / "b", tmp_path / "b.log").env[
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "2"
+    # A SuperNode's own SuperExec keeps its own default (fedapp.cli.warm_superexec).
+    monkeypatch.delenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL")
+    assert "FLWR_SUPEREXEC_TASK_POLL_INTERVAL" not in flower_env(tmp_path / "c")
+
+
 def test_bad_setting_is_refused_before_anything_starts():
     proc = fedapp("run", "conf/smoke.toml", "--set", 'method="nope"', timeout=120)
     assert proc.returncode == 2
     for name in ("standalone", "fedavg", "lg-fedavg"):
         assert name in proc.stderr
+
+
+def test_a_refused_dataset_stops_the_superlink_started_beside_its_check(tmp_path, monkeypatch,
+                                                                      capsys):
+    # The SuperLink starts while the data are checked; a refusal must not leave it running.
+    from fedapp.cli.main import main
+    launched = []
+    real_launch = LocalSuperLink.launch
+
+    def launch(self):
+        real_launch(self)
+        launched.append(self.process)
+
+    monkeypatch.setattr(LocalSuperLink, "launch", launch)
+    code = main(["run", "conf/smoke.toml", "--set", 'dataset="cifar10"', "--set",
+                 f'data-dir="{tmp_path / "nowhere"}"', "--output-dir", str(tmp_path / "out")])
+    assert code == 2
+    assert "cifar10" in capsys.readouterr().err
+    [process] = launched
+    assert process.poll() is not None and not group_members(process.pid)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_superlinks_log_joins_the_run_folder_and_a_resumed_run_appends_to_it(tmp_path):
+    run_log = tmp_path / "run" / "superlink.log"
+    run_log.parent.mkdir()
+    first = LocalSuperLink(tmp_path / "home1", tmp_path / "home1" / "superlink.log")
+    first.log_path.write_text("started\n")
+    first.keep_log(run_log)
+    with open(first.log_path, "a") as log:  # the SuperLink goes on writing
+        log.write("round 1\n")
+    first.stop()
+    assert run_log.read_text() == "started\nround 1\n"
+    resumed = LocalSuperLink(tmp_path / "home2", tmp_path / "home2" / "superlink.log")
+    resumed.log_path.write_text("resumed\n")
+    resumed.keep_log(run_log)
+    resumed.stop()
+    assert run_log.read_text() == "started\nround 1\nresumed\n"
 
 
 @pytest.mark.long

@@ -285,7 +285,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         env = connected_env(flwr_home)
         # The dataset is checked by the ServerApp on the SuperLink's machine, not here: this
         # machine may not hold it.
-        cfg, changed, run_dir = resolve_run(args, check_data=False)
+        cfg, changed, run_dir = resolve_run(args)
     except (ConfigError, OSError, RuntimeError, ValueError) as exc:
         print(f"fedapp: {exc}", file=sys.stderr)
         return 2

@@ -114,13 +114,24 @@ class LocalSuperLink:
         self.env = flower_env(flwr_home,
                               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(self.http_port),
                               FLWR_LOCAL_CONTROL_API_PORT=str(self.control_port),
+                              # The SuperExec that starts a submitted run's simulation looks
+                              # for one every 0.2 s, not Flower's 1 s: half a second of each
+                              # run's start-up on average (a user's own value is kept).
+                              FLWR_SUPEREXEC_TASK_POLL_INTERVAL=os.environ.get(
+                                  "FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2"),
                               **({"RAY_ADDRESS": ray_address} if ray_address else {}))
         (flwr_home / "local-superlink").mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
         self.flwr_home = flwr_home
+        self._append_log_to: Path | None = None
 
     def start(self) -> None:
+        self.launch()
+        self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the SuperLink's process without waiting for it (``wait_ready``)."""
         # The same command `flwr run` would start for its ':local:' connection, but on our own
         # ports and in our own process group, so that we know exactly what to stop; under a
         # watchdog (fedapp.cli.watchdog), so that the SuperExec and the simulation, which
@@ -134,12 +145,31 @@ class LocalSuperLink:
                "--log-file", str(self.log_path)]
         self.process = subprocess.Popen(cmd, env=self.env, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def wait_ready(self) -> None:
+        """Return once the SuperLink takes connections; raise RuntimeError if it died."""
         wait_for_port(self.process, self.http_port, "flower-superlink", self.log_path)
+
+    def keep_log(self, path: Path) -> None:
+        """Make the SuperLink's log, still being written, appear at ``path`` too: a hard link
+        where the file system allows, else appended there when the SuperLink stops (as it is
+        where ``path`` already holds the log of an earlier part of a resumed run)."""
+        if not path.exists():
+            try:
+                self.log_path.touch()
+                os.link(self.log_path, path)
+                return
+            except OSError:
+                pass
+        self._append_log_to = path
 
     def stop(self) -> None:
         """Stop the SuperLink and every process it spawned (the watchdog's process group: the
         watchdog ends every descendant before it exits)."""
         stop_process_group(self.process)
+        if self._append_log_to is not None and self.log_path.exists():
+            with open(self._append_log_to, "ab") as log:
+                log.write(self.log_path.read_bytes())
 
 
 # Folders no FAB file comes from: git's, Flower's, a virtual environment, bytecode caches.

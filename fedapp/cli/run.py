@@ -68,7 +68,7 @@ def resume_settings(run_dir: Path, args: argparse.Namespace) -> tuple[dict, dict
     return flat, {k: v for k, v in flat.items() if defaults.get(k) != v}
 
 
-def resolve_run(args: argparse.Namespace, *, check_data: bool = True,
+def resolve_run(args: argparse.Namespace, *,
                 variant: Sequence[tuple[str, Any]] = ()) -> tuple[Any, dict[str, Any], Path]:
     """(validated config, the settings to send as overrides, run folder) of ``fedapp run`` /
     ``fedapp deploy run``; raises ConfigError (or OSError, ...) with a message for the user.
@@ -90,12 +90,14 @@ def resolve_run(args: argparse.Namespace, *, check_data: bool = True,
         flat["run-name"] += "".join(f"-{k}{v}" for k, v in variant)
     changed["run-name"] = flat["run-name"]
     cfg = load_config(flat)
-    if check_data:
-        from fedapp.data import setup
-        # A missing dataset, an impossible partition or an architecture that cannot take its
-        # input is reported now, not a minute later from inside the simulation.
-        setup.prepare(cfg)
     return cfg, changed, cfg.results_root() / cfg.run_name
+
+
+def check_run_data(cfg: Any) -> None:
+    """A missing dataset, an impossible partition or an architecture that cannot take its
+    input is reported now, not a minute later from inside the simulation."""
+    from fedapp.data import setup
+    setup.prepare(cfg)
 
 
 def write_run_config(changed: dict[str, Any], path: Path) -> Path:
@@ -186,10 +188,11 @@ def report_fixed_cost(run_dir: Path, phases: dict[str, float], marks: dict[str, 
                       shared_by: int) -> None:
     """Write ``timing.json`` (where a run's time went outside its rounds) and say it in one
     line. The fixed cost is everything but the ServerApp's own ``wall_seconds`` (from its
-    recorder's start to the summary): settings and data checked here, SuperLink start, the
-    run's start-up (``flwr run``'s submission, the simulation process and the ServerApp
-    loading the data), its end (Ray's shutdown, the log stream's end), the status query and
-    the shutdown; a sweep shares the SuperLink's start and stop among its runs."""
+    recorder's start to the summary): settings and data checked here, the SuperLink's start
+    beyond those checks (it starts while the data are checked), the run's start-up (``flwr
+    run``'s submission, the simulation process and the ServerApp loading the data), its end
+    (Ray's shutdown, the log stream's end), the status query and the shutdown; a sweep shares
+    the SuperLink's start and stop among its runs."""
     summary = run_dir / "summary.json"
     if not summary.exists():
         return
@@ -218,22 +221,37 @@ def cmd_run(args: argparse.Namespace) -> int:
         if getattr(args, "resume", None) and args.sweep:
             raise ConfigError("--resume continues one run; give no --sweep with it.")
         runs = [resolve_run(args, variant=v) for v in sweep_variants(args.sweep)]
+        address = cluster.ray_address(getattr(args, "ray_address", None))
+    except (ConfigError, OSError, RuntimeError, ValueError) as exc:
+        print(f"fedapp: {exc}", file=sys.stderr)
+        return 2
+    # The settings hold: the SuperLink starts (about 3 s of a Python process importing Flower)
+    # while this process checks the data (about 2 s of imports and reads) — two cores, two
+    # processes. Its log joins the run folder once the checks pass.
+    flwr_home = Path(tempfile.mkdtemp(prefix="fedapp-flwr-home-"))
+    link = LocalSuperLink(flwr_home, flwr_home / "superlink.log", ray_address=address)
+    link.launch()
+    try:
+        for cfg, _, _ in runs:
+            check_run_data(cfg)
         if any(cfg.tensorboard for cfg, _, _ in runs):
             # The ServerApp runs on this machine and would refuse it only after start-up.
             from fedapp.runtime.tensorboard import require
             require()
-        address = cluster.ray_address(getattr(args, "ray_address", None))
         for cfg, _, _ in runs:
             if cfg.client_num_gpus > 0:
                 cluster.check_gpus(cfg, address, cluster.visible_gpus())
-    except (ConfigError, OSError, RuntimeError, ValueError) as exc:
+    except BaseException as exc:
+        link.stop()
+        shutil.rmtree(flwr_home, ignore_errors=True)
+        if not isinstance(exc, (ConfigError, OSError, RuntimeError, ValueError)):
+            raise
         print(f"fedapp: {exc}", file=sys.stderr)
         return 2
     phases = {"validate": time.perf_counter() - start}
 
-    flwr_home = Path(tempfile.mkdtemp(prefix="fedapp-flwr-home-"))
-    link = LocalSuperLink(flwr_home, runs[0][2] / "superlink.log", ray_address=address)
     runs[0][2].mkdir(parents=True, exist_ok=True)
+    link.keep_log(runs[0][2] / "superlink.log")
     if address != cluster.LOCAL:
         print(f"fedapp: the virtual clients run on the Ray cluster at {address}", flush=True)
     if len(runs) > 1:
@@ -242,7 +260,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     ended: list[tuple[str, Path, dict[str, float]]] = []
     try:
         mark = time.perf_counter()
-        link.start()
+        link.wait_ready()
+        # What the SuperLink's start cost beyond the checks it overlapped.
         phases["superlink_start"] = time.perf_counter() - mark
         app = stage_app(PROJECT_ROOT, flwr_home / "app")  # once: a sweep runs one snapshot
         for cfg, changed, run_dir in runs:
