@@ -26,6 +26,9 @@ The variants:
             end to end (SuperLink start to stop), as the ServerApp's own ``wall_seconds``, and
             per round after the first (round 1 also starts the Ray actors).
 
+Warm-up: the bare and in-process loops run ``--warmup-rounds`` rounds (default 1) untimed before
+their timed rounds, as the Flower run's per-round figure leaves out its first round.
+
 Threads: the bare and in-process loops use torch's threads on every core; the Flower run gets
 ``client-num-cpus`` equal to the core count, so one virtual client trains at a time with the
 same threads, and the comparison measures the framework, not a different parallelism.
@@ -155,14 +158,25 @@ def full_run(args: argparse.Namespace) -> tuple[float, float, float, float]:
 def one_sitting(args: argparse.Namespace, cfg) -> dict[str, float]:
     """Every variant once; seconds (per run, and per round where it says so)."""
     # The two in-process loops run round by round in alternation, so both see the same
-    # machine (warm caches, noisy neighbours) and neither profits from going second.
+    # machine (noisy neighbours). They share one process, whose first round is its cold one
+    # (first allocations, torch's first calls for each layer shape), and the bare loop goes
+    # first: both run --warmup-rounds rounds untimed before the timed ones, as the Flower
+    # run's "round after the first" leaves its own cold round out.
     t = {}
     if not args.flwr_only:
         t = {"bare-train": 0.0, "bare": 0.0, "runtime": 0.0}
-        for (train, evaluate), r in zip(bare(cfg), runtime(cfg)):
+        loops = load_config({**settings(args),
+                             "num-server-rounds": args.rounds + args.warmup_rounds})
+        per_round = []
+        for rnd, ((train, evaluate), r) in enumerate(zip(bare(loops), runtime(loops)), 1):
+            per_round.append(f"{train + evaluate:.1f}/{r:.1f}")
+            if rnd <= args.warmup_rounds:
+                continue
             t["bare-train"] += train
             t["bare"] += train + evaluate
             t["runtime"] += r
+        print("seconds per round, bare / client runtime (the first "
+              f"{args.warmup_rounds} untimed): " + ", ".join(per_round), flush=True)
     if not args.skip_flwr:
         t["end-to-end"], t["server"], t["round"], t["round-clients"] = full_run(args)
     return t
@@ -185,6 +199,8 @@ def main() -> None:
     parser.add_argument("--method", default="",
                         help="another method on the setting's work (e.g. standalone: the "
                              "client runtime without any method's own extra work)")
+    parser.add_argument("--warmup-rounds", type=int, default=1,
+                        help="rounds the two in-process loops run untimed first")
     parser.add_argument("--flwr-only", action="store_true",
                         help="only the Flower run (seconds, no ratios): a variant of it beside "
                              "a sitting that has the bare loop")
