@@ -196,7 +196,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=SEEDS)
     parser.add_argument("--table-only", action="store_true",
                         help="run nothing: write the table from the runs that exist")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=OUT,
+                        help="the folder of the runs (default results/scoreboard); the table "
+                             "always goes to docs/scoreboard.md")
     add_resource_options(parser)
     args = parser.parse_args()
     out, seeds, resources = args.out.resolve(), args.seeds, resource_overrides(args)
@@ -223,6 +225,9 @@ def main() -> None:
                                                   resources)
 
     columns = [s for s in SETTINGS if any(cells.get(s) for cells in table.values())]
+    if not columns:
+        raise SystemExit(f"scoreboard: no runs in {out} or in its records "
+                         f"(--out is the runs' folder); {DOC} is left as it is")
     lines = [
         f"Produced by `.venv/bin/python {SCRIPT}`"
         + ("" if seeds == SEEDS else f" --seeds {' '.join(map(str, seeds))}") + ". "

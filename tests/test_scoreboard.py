@@ -53,3 +53,16 @@ def test_labels_name_the_loop_and_the_variant():
     assert scoreboard.label("fedavg", "rounds", "cnn5") == "fedavg (cnn5 only)"
     assert scoreboard.label("standalone", "", "htfllib-recipe") == (
         "standalone (HtFLlib's recipe: fedgen, fedmrl, fd, fedtgp)")
+
+
+def test_a_table_from_no_runs_is_refused_and_leaves_the_doc_alone(tmp_path, monkeypatch):
+    # `--out` names the runs' folder; pointed at an empty one, --table-only wrote a blank table.
+    doc = tmp_path / "scoreboard.md"
+    doc.write_text("the table\n")
+    monkeypatch.setattr(scoreboard, "DOC", doc)
+    monkeypatch.setattr(scoreboard, "finished", lambda out, name: None)
+    monkeypatch.setattr(sys, "argv", ["scoreboard.py", "--table-only", "--out",
+                                      str(tmp_path / "none")])
+    with pytest.raises(SystemExit, match="no runs"):
+        scoreboard.main()
+    assert doc.read_text() == "the table\n"
