@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -63,9 +64,13 @@ def provenance(made_here: bool) -> dict[str, Any]:
                 (Path("/proc/cpuinfo").read_text().splitlines()
                  if Path("/proc/cpuinfo").exists() else [])
                 if line.startswith("model name")), platform.processor())
-    return {"commit": git("rev-parse", "HEAD") or "unknown",
+    # A copy of the tree without its .git (as sent to a GPU machine) names its commit in
+    # FEDAPP_SOURCE_COMMIT; the copy is then taken as clean.
+    commit = git("rev-parse", "HEAD") or os.environ.get("FEDAPP_SOURCE_COMMIT", "unknown")
+    gpu = {"gpu": torch.cuda.get_device_name(0)} if torch.cuda.is_available() else {}
+    return {"commit": commit,
             "dirty": bool(git("status", "--porcelain", "--", *RUN_CODE)),
-            "cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(), **gpu,
             "torch": torch.__version__, "recorded_at": time.strftime("%Y-%m-%d")}
 
 
@@ -96,7 +101,8 @@ def provenance_line(summaries: Iterable[Mapping[str, Any]]) -> str:
                                                    else "")
         commits[commit] = commits.get(commit, 0) + 1
         if "cpu" in o:
-            machine = f"{o['cpu']} ({o['cpu_capability']}), torch {o['torch']}"
+            machine = (f"{o['cpu']} ({o['cpu_capability']})"
+                       + (f" with {o['gpu']}" if "gpu" in o else "") + f", torch {o['torch']}")
             machines[machine] = machines.get(machine, 0) + 1
 
     def listed(counts: dict[str, int]) -> str:

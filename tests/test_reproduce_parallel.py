@@ -110,3 +110,21 @@ def test_a_table_says_where_its_runs_were_made():
     assert line.startswith("This script's 5 runs were made at commits 199b52b (2), unknown (2), "
                            "199b52b with uncommitted changes (1), on AMD EPYC (AVX512), "
                            "torch 2.14.1 (3)")
+
+
+def test_a_run_made_on_a_gpu_and_off_git_says_so(monkeypatch):
+    # A copy of the tree sent to a GPU machine has no .git: its commit comes from
+    # FEDAPP_SOURCE_COMMIT, and the table names the GPU beside the CPU.
+    real_run = common.subprocess.run
+    monkeypatch.setattr(common.subprocess, "run",
+                        lambda cmd, **k: common.subprocess.CompletedProcess(cmd, 128, "", "")
+                        if cmd[0] == "git" else real_run(cmd, **k))
+    monkeypatch.setenv("FEDAPP_SOURCE_COMMIT", "0123456789ab")
+    torch = __import__("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    origin = common.provenance(True)
+    assert origin["commit"] == "0123456789ab" and origin["gpu"] == "NVIDIA H200"
+    assert not origin["dirty"]
+    line = common.provenance_line([{"provenance": origin}])
+    assert "0123456 (1), on " in line and " with NVIDIA H200, torch " in line
