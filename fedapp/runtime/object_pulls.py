@@ -10,6 +10,8 @@ VERSION = "1.41.0"  # the Flower release whose object pulls this changes
 
 PULL_ENV = "FEDAPP_OBJECT_PULL_SECONDS"
 DEFAULT_PULL_SECONDS = 0.05
+CAP_ENV = "FEDAPP_OBJECT_PULL_CAP_SECONDS"
+DEFAULT_CAP_SECONDS = 0.1
 
 
 def prompt_object_pulls() -> bool:
@@ -17,16 +19,23 @@ def prompt_object_pulls() -> bool:
     a deployed ServerApp). Flower 1.41 sends a message, then its objects (its arrays): a
     receiver that asks between the two finds an object missing and waits 1 s before it asks
     again (``pull_objects``' first backoff), then 2, 4... This makes the first wait
-    ``FEDAPP_OBJECT_PULL_SECONDS`` (default 0.05 s; 1 is Flower's), doubling as Flower's does.
-    On the Flower release it was written for only; returns whether it did."""
+    ``FEDAPP_OBJECT_PULL_SECONDS`` (default 0.05 s; 1 is Flower's), doubling as Flower's does
+    up to ``FEDAPP_OBJECT_PULL_CAP_SECONDS`` (default 0.1 s; Flower's is 10): doubling
+    unbounded, an object that came at 0.36 s is found at 0.75 s, capped at 0.1 s at 0.45 s.
+    Flower also gives up on an object after 500 tries, which at a short cap would be under a
+    minute of a slow upload: the tries are left unbounded, and Flower's limit in time (2 h)
+    alone stops a pull. On the Flower release it was written for only; returns whether it
+    did."""
     import flwr
     from flwr.supercore.inflatable import inflatable_utils
 
     if flwr.__version__ != VERSION:
         return False
     first_wait = positive_seconds(os.environ.get(PULL_ENV), PULL_ENV, DEFAULT_PULL_SECONDS)
+    cap = positive_seconds(os.environ.get(CAP_ENV), CAP_ENV, DEFAULT_CAP_SECONDS)
     for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
-        fn.__kwdefaults__["initial_backoff"] = first_wait
+        fn.__kwdefaults__.update(initial_backoff=first_wait, backoff_cap=max(cap, first_wait),
+                                 max_tries_per_object=None)
     return True
 
 
