@@ -135,10 +135,11 @@ def runtime(cfg) -> Iterator[float]:
         yield time.perf_counter() - start
 
 
-def full_run(args: argparse.Namespace) -> tuple[float, float, float, float]:
+def full_run(args: argparse.Namespace) -> tuple[float, float, float, float, float]:
     """(end-to-end seconds of `fedapp run`, the ServerApp's own wall_seconds, the mean wall
-    seconds of its rounds after the first, and the clients' own compute in them: the seconds
-    their fit and evaluate took inside the actors, summed over the round's clients)."""
+    seconds of its rounds after the first, the clients' own compute in them (the seconds
+    their fit and evaluate took inside the actors, summed over the round's clients), and the
+    strategy's own work in them (``server_seconds``: its four calls of a round))."""
     out = Path(tempfile.mkdtemp(prefix="fedapp-bench-"))
     sets = [f"--set={k}={json.dumps(v) if isinstance(v, str) else v}"
             for k, v in settings(args).items()]
@@ -151,8 +152,8 @@ def full_run(args: argparse.Namespace) -> tuple[float, float, float, float]:
               for line in (out / "bench" / "rounds.jsonl").read_text().splitlines()]
     later = rounds[1:] or rounds
     return (end_to_end, summary["wall_seconds"],
-            sum(r["seconds"] for r in later) / len(later),
-            sum(r["client_seconds"] for r in later) / len(later))
+            *(sum(r[key] for r in later) / len(later)
+              for key in ("seconds", "client_seconds", "server_seconds")))
 
 
 def one_sitting(args: argparse.Namespace, cfg) -> dict[str, float]:
@@ -178,7 +179,8 @@ def one_sitting(args: argparse.Namespace, cfg) -> dict[str, float]:
         print("seconds per round, bare / client runtime (the first "
               f"{args.warmup_rounds} untimed): " + ", ".join(per_round), flush=True)
     if not args.skip_flwr:
-        t["end-to-end"], t["server"], t["round"], t["round-clients"] = full_run(args)
+        (t["end-to-end"], t["server"], t["round"], t["round-clients"],
+         t["round-strategy"]) = full_run(args)
     return t
 
 
@@ -219,7 +221,9 @@ def main() -> None:
             ("flwr run (ServerApp)", "server", 1),
             ("flwr run (end to end)", "end-to-end", 1),
             ("flwr run, one round after the first", "round", rounds),
-            ("  of it the clients' own compute (inside the actors)", "round-clients", rounds)]
+            ("  of it the clients' own compute (inside the actors)", "round-clients", rounds),
+            ("  of it the strategy's own work (configure, aggregate, record)", "round-strategy",
+             rounds)]
     print("\n| variant | seconds | ratio to bare (training + evaluation) | ratio to bare "
           "training |\n|---|---|---|---|")
     for label, key, scale in rows:

@@ -438,6 +438,7 @@ def test_evaluation_metrics_are_checked_and_results_stay_valid_json(tmp_path):
     assert record["per_client"] == {"0": 0.5, "1": 0.5, "2": 0.5}
     assert "global_accuracy_mean" not in record and "variants" not in record
     assert math.isfinite(record["client_seconds"])
+    assert 0 < record["server_seconds"] <= record["seconds"]
     assert record["train_terms"] == {"a": 3.0}
     # Where each client trained, and its GPU memory: only a device name and a finite number.
     assert record["devices"] == {"0": "cpu", "1": "cuda:0"}

@@ -287,3 +287,33 @@ def test_partition_nodes_is_validated(value):
     from fedapp.config import ConfigError
     with pytest.raises(ConfigError, match="partition-nodes"):
         make_strategy("standalone", num_clients=2, partition_nodes=value)
+
+
+def test_a_rounds_server_seconds_sum_the_strategys_own_calls(monkeypatch):
+    # _server_work adds the time inside each of Flower's calls, and a record written inside
+    # one (at the round's end) already counts that call's time so far.
+    from fedapp.runtime import strategy_base
+    clock = {"t": 0.0}
+    monkeypatch.setattr(strategy_base.time, "perf_counter", lambda: clock["t"])
+    seen = []
+
+    class Calls:
+        _server_seconds, _phase_started = 0.0, 0.0
+
+        @strategy_base._server_work
+        def configure(self):
+            self._server_seconds = 0.0  # as configure_fit starts a round
+            clock["t"] += 2.0
+
+        @strategy_base._server_work
+        def aggregate(self):
+            clock["t"] += 1.0
+            seen.append(self._server_seconds + clock["t"] - self._phase_started)
+            clock["t"] += 0.5
+
+    calls = Calls()
+    calls.aggregate()             # a previous round's leftover, reset by configure
+    calls.configure()
+    clock["t"] += 30.0            # the clients' time: not the server's
+    calls.aggregate()
+    assert seen[-1] == 3.0 and calls._server_seconds == 3.5

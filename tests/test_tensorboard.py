@@ -61,7 +61,8 @@ def check_against_rounds(run_dir: Path) -> dict[str, dict[int, float]]:
         put("loss/train", step, r.get("train_loss"))
         for key in ("bytes_up", "bytes_down", "framing_up", "framing_down", "eval_bytes_down"):
             put(f"traffic/{key}", step, r[key])
-        for key in ("seconds", "client_seconds", "virtual_seconds", "virtual_time"):
+        for key in ("seconds", "client_seconds", "server_seconds", "virtual_seconds",
+                    "virtual_time"):
             put(f"time/{key}", step, r.get(key))
         for key, tag in (("clients_fit", "fit"), ("clients_sampled", "sampled"),
                          ("failures", "failures"), ("rejected", "rejected"),

@@ -172,6 +172,20 @@ class EmptyRounds(RoundFailed):
     kind = "empty-rounds"
 
 
+def _server_work(method: Callable) -> Callable:
+    """Counts the seconds spent in ``method`` (one of Flower's four calls of a round) as the
+    round's ``server_seconds``: the strategy's own work (payloads encoded, uploads checked,
+    the method's server step, the round recorded), apart from the wait for the clients."""
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        self._phase_started = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._server_seconds += time.perf_counter() - self._phase_started
+    return timed
+
+
 class FedStrategy(Strategy):
     """Shared server side. Subclasses implement one method's maths."""
 
@@ -194,6 +208,8 @@ class FedStrategy(Strategy):
         self._failed: list[int] = []  # partition ids that crashed or timed out, this round
         self._rejected: list[int] = []  # partition ids whose upload was refused, this round
         self._client_seconds = 0.0
+        self._server_seconds = 0.0  # this round's, so far (_server_work)
+        self._phase_started = time.perf_counter()
         self._train_loss: float | None = None  # mean over this round's uploads
         self._train_terms: dict[str, float] = {}  # the same for a method's term-* metrics
         self._devices: dict[str, dict[str, Any]] = {}  # training_devices of this round
@@ -362,6 +378,7 @@ class FedStrategy(Strategy):
             with ThreadPoolExecutor(max_workers=min(32, len(asked))) as pool:
                 list(pool.map(ask, asked))
 
+    @_server_work
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         server_round += self.round_offset
@@ -369,7 +386,7 @@ class FedStrategy(Strategy):
         self._down, self._up, self._eval_down = {}, {}, 0
         self._counts = {"clients_fit": 0, "failures": 0, "rejected": 0}
         self._failed, self._rejected = [], []
-        self._client_seconds = 0.0
+        self._client_seconds = self._server_seconds = 0.0
         self._train_loss, self._train_terms, self._evaluated = None, {}, []
         self._devices = {}
         self._empty = False
@@ -389,6 +406,7 @@ class FedStrategy(Strategy):
             instructions.append((proxy, FitIns(params, self.message_config(server_round))))
         return instructions
 
+    @_server_work
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[tuple[ClientProxy, FitRes] | BaseException]
                       ) -> tuple[Parameters | None, dict[str, Scalar]]:
@@ -503,6 +521,7 @@ class FedStrategy(Strategy):
         rng = np.random.default_rng(derive_seed(cfg.seed, "evaluate", server_round))
         return [pool[i] for i in sorted(rng.choice(len(pool), n, replace=False))]
 
+    @_server_work
     def configure_evaluate(self, server_round: int, parameters: Parameters,
                            client_manager: ClientManager
                            ) -> list[tuple[ClientProxy, EvaluateIns]]:
@@ -524,6 +543,7 @@ class FedStrategy(Strategy):
                                                     self.message_config(server_round))))
         return instructions
 
+    @_server_work
     def aggregate_evaluate(self, server_round: int,
                            results: list[tuple[ClientProxy, EvaluateRes]],
                            failures: list[tuple[ClientProxy, EvaluateRes] | BaseException]
@@ -566,7 +586,9 @@ class FedStrategy(Strategy):
                # What the round would take if clients were as fast as fedapp.runtime.speeds
                # says: the barrier waits for the slowest client sampled.
                "virtual_seconds": max((update_duration(self.cfg, pid, server_round)
-                                       for pid in self._sampled.values()), default=0.0)}
+                                       for pid in self._sampled.values()), default=0.0),
+               "server_seconds": self._server_seconds + time.perf_counter()
+               - self._phase_started}
         record = round_record(server_round, evals, traffic, {**self._counts, **who},
                               time.time() - self._round_started, client_seconds)
         if self.recorder is None:

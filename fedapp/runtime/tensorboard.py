@@ -38,6 +38,7 @@ TAGS = {
     "framing_up": "traffic/framing_up", "framing_down": "traffic/framing_down",
     "eval_bytes_down": "traffic/eval_bytes_down",
     "seconds": "time/seconds", "client_seconds": "time/client_seconds",
+    "server_seconds": "time/server_seconds",
     "virtual_seconds": "time/virtual_seconds", "virtual_time": "time/virtual_time",
     "clients_sampled": "clients/sampled", "clients_fit": "clients/fit",
     "failures": "clients/failures", "rejected": "clients/rejected",
