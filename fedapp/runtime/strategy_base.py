@@ -175,7 +175,8 @@ class EmptyRounds(RoundFailed):
 def _server_work(method: Callable) -> Callable:
     """Counts the seconds spent in ``method`` (one of Flower's four calls of a round) as the
     round's ``server_seconds``: the strategy's own work (payloads encoded, uploads checked,
-    the method's server step, the round recorded), apart from the wait for the clients."""
+    the method's server step, the round recorded), apart from the wait for the clients (their
+    replies, and in ``list_clients`` their connections and identities)."""
     @functools.wraps(method)
     def timed(self, *args, **kwargs):
         self._phase_started = time.perf_counter()
@@ -325,7 +326,15 @@ class FedStrategy(Strategy):
 
     def list_clients(self, client_manager: ClientManager) -> list[ClientProxy]:
         """Every connected client whose identity is known, in partition order (waits for
-        ``num-clients`` and asks the newcomers who they are)."""
+        ``num-clients`` and asks the newcomers who they are). Waiting for clients: its time is
+        not the strategy's own (``server_seconds``)."""
+        started = time.perf_counter()
+        try:
+            return self._list_clients(client_manager)
+        finally:
+            self._server_seconds -= time.perf_counter() - started
+
+    def _list_clients(self, client_manager: ClientManager) -> list[ClientProxy]:
         now = time.time
         want, deadline = self.cfg.num_clients, now() + self.cfg.wait_for_clients_seconds
         # Wait in slices and say so, rather than sit silent until the timeout: a simulation
