@@ -41,48 +41,50 @@ def test_a_bad_poll_is_refused_with_its_name():
             prompt_supernode.poll_seconds(bad)
 
 
-def test_object_pulls_retry_sooner_than_flowers_first_second(monkeypatch):
+@pytest.fixture
+def pulls(monkeypatch):
+    """Flower's two object-pull functions, their waits and tries put back after the test, with
+    neither of our environment variables set."""
     from fedapp.runtime import object_pulls
     from flwr.supercore.inflatable import inflatable_utils
-    pulls = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
-    for fn in pulls:  # Flower's own waits and tries, put back after the test
+    fns = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
+    for fn in fns:
         for key in ("initial_backoff", "backoff_cap", "max_tries_per_object"):
             monkeypatch.setitem(fn.__kwdefaults__, key, fn.__kwdefaults__[key])
     monkeypatch.delenv(object_pulls.PULL_ENV, raising=False)
     monkeypatch.delenv(object_pulls.CAP_ENV, raising=False)
+    return fns
+
+
+def test_object_pulls_retry_sooner_than_flowers_first_second(monkeypatch, pulls):
+    from fedapp.runtime import object_pulls
     assert object_pulls.prompt_object_pulls()
     assert [fn.__kwdefaults__["initial_backoff"] for fn in pulls] == [0.05, 0.05]
     # Waits double to 0.1 s at most, and only the time limit (Flower's 2 h) stops a pull.
     assert [fn.__kwdefaults__["backoff_cap"] for fn in pulls] == [0.1, 0.1]
     assert [fn.__kwdefaults__["max_tries_per_object"] for fn in pulls] == [None, None]
     assert all(fn.__kwdefaults__["max_time"] == 7200 for fn in pulls)
-    monkeypatch.setenv(object_pulls.CAP_ENV, "10")          # Flower's cap, by choice
-    object_pulls.prompt_object_pulls()
-    assert [fn.__kwdefaults__["backoff_cap"] for fn in pulls] == [10.0, 10.0]
-    monkeypatch.setenv(object_pulls.CAP_ENV, "0")
-    with pytest.raises(SystemExit, match="FEDAPP_OBJECT_PULL_CAP_SECONDS"):
+    # Flower's own first wait (1 s) and cap (10 s), by choice; a wait that is not positive is
+    # refused by its variable's name.
+    for env, key, flowers in ((object_pulls.CAP_ENV, "backoff_cap", 10.0),
+                              (object_pulls.PULL_ENV, "initial_backoff", 1.0)):
+        monkeypatch.setenv(env, str(flowers))
         object_pulls.prompt_object_pulls()
-    monkeypatch.delenv(object_pulls.CAP_ENV)
-    monkeypatch.setenv(object_pulls.PULL_ENV, "1")          # Flower's own, by choice
-    object_pulls.prompt_object_pulls()
-    assert [fn.__kwdefaults__["initial_backoff"] for fn in pulls] == [1.0, 1.0]
-    monkeypatch.setenv(object_pulls.PULL_ENV, "-1")
-    with pytest.raises(SystemExit, match="FEDAPP_OBJECT_PULL_SECONDS"):
-        object_pulls.prompt_object_pulls()
+        assert [fn.__kwdefaults__[key] for fn in pulls] == [flowers, flowers]
+        for bad in ("0", "-1"):
+            monkeypatch.setenv(env, bad)
+            with pytest.raises(SystemExit, match=env):
+                object_pulls.prompt_object_pulls()
+        monkeypatch.delenv(env)
 
 
-def test_an_object_late_by_many_tries_is_still_pulled_with_waits_capped(monkeypatch):
+def test_an_object_late_by_many_tries_is_still_pulled_with_waits_capped(monkeypatch, pulls):
     # Flower's own pull loop with our defaults: the waits it asks for (recorded, not slept)
     # double from 0.05 s to the 0.1 s cap, and an object missing for 600 tries (beyond
     # Flower's 500) still arrives.
     from fedapp.runtime import object_pulls
     from flwr.supercore.inflatable import inflatable_utils
     ObjectUnavailableError = inflatable_utils.ObjectUnavailableError
-    for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
-        for key in ("initial_backoff", "backoff_cap", "max_tries_per_object"):
-            monkeypatch.setitem(fn.__kwdefaults__, key, fn.__kwdefaults__[key])
-    monkeypatch.delenv(object_pulls.PULL_ENV, raising=False)
-    monkeypatch.delenv(object_pulls.CAP_ENV, raising=False)
     assert object_pulls.prompt_object_pulls()
     waits: list[float] = []
 
