@@ -175,8 +175,9 @@ class EmptyRounds(RoundFailed):
 def _server_work(method: Callable) -> Callable:
     """Counts the seconds spent in ``method`` (one of Flower's four calls of a round) as the
     round's ``server_seconds``: the strategy's own work (payloads encoded, uploads checked,
-    the method's server step, the round recorded), apart from the wait for the clients (their
-    replies, and in ``list_clients`` their connections and identities)."""
+    the method's server step), apart from the wait for the clients (their replies, and in
+    ``list_clients`` their connections and identities). Writing the round's record, which
+    reads it, is not in it."""
     @functools.wraps(method)
     def timed(self, *args, **kwargs):
         self._phase_started = time.perf_counter()
