@@ -57,12 +57,13 @@ class PromptGrid:
     ``grid.send_and_receive``; in deployment that is Flower's HTTP grid, which sleeps 3 s
     between two pulls, so every reply waits for the next pull: up to 3 s per message, twice a
     round (train, evaluate), however fast the client was. This pulls after 0.05 s, then backs
-    off to at most 0.1 s: the last reply of a round is found at most 0.1 s after it came (it
-    was 0.25 s: a tenth of the 0.7-0.8 s a ten-client round adds beyond its clients), for ten
-    pulls a second on a long round, each one request for all the replies awaited. The
-    simulator's in-memory grid pulls every 0.1 s. Everything else is the grid's own."""
+    off to at most 0.25 s: four pulls a second per waiting message on a long round, since
+    each message is awaited by its own driver thread (up to ``MAX_DRIVER_THREADS`` of
+    ``fedapp.server_app`` at once), so a shorter cap multiplies the SuperLink's load by the
+    clients of a round. The simulator's in-memory grid pulls every 0.1 s. Everything else is
+    the grid's own."""
 
-    FIRST_WAIT, MAX_WAIT, BACKOFF = 0.05, 0.1, 1.5
+    FIRST_WAIT, MAX_WAIT, BACKOFF = 0.05, 0.25, 1.5
 
     def __init__(self, grid: Grid) -> None:
         self._grid = grid
