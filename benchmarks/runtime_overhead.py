@@ -222,7 +222,7 @@ def main() -> None:
             ("flwr run (end to end)", "end-to-end", 1),
             ("flwr run, one round after the first", "round", rounds),
             ("  of it the clients' own compute (inside the actors)", "round-clients", rounds),
-            ("  of it the strategy's own work (configure, aggregate, record)", "round-strategy",
+            ("  of it the strategy's own work (configure, aggregate)", "round-strategy",
              rounds)]
     print("\n| variant | seconds | ratio to bare (training + evaluation) | ratio to bare "
           "training |\n|---|---|---|---|")
@@ -230,10 +230,11 @@ def main() -> None:
         if key not in sittings[0]:
             continue
         seconds = [s[key] * scale for s in sittings]
+        shown = " / ".join(f"{v / scale:.{1 if scale == 1 else 2}f}" for v in seconds)
         if args.flwr_only:
-            print(f"| {label} | " + " / ".join(f"{v / scale:.1f}" for v in seconds) + " | | |")
+            print(f"| {label} | {shown} | | |")
             continue
-        print(f"| {label} | " + " / ".join(f"{v / scale:.1f}" for v in seconds) + " | "
+        print(f"| {label} | {shown} | "
               + ratio_range([v / s["bare"] for v, s in zip(seconds, sittings)]) + " | "
               + ratio_range([v / s["bare-train"] for v, s in zip(seconds, sittings)]) + " |")
     cap = args.samples_per_client or "all"

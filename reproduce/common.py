@@ -58,18 +58,22 @@ def provenance(made_here: bool) -> dict[str, Any]:
     import torch
 
     def git(*args: str) -> str:
-        proc = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        except OSError:  # no git on this machine
+            return ""
         return proc.stdout.strip() if proc.returncode == 0 else ""
     cpu = next((line.split(":", 1)[1].strip() for line in
                 (Path("/proc/cpuinfo").read_text().splitlines()
                  if Path("/proc/cpuinfo").exists() else [])
                 if line.startswith("model name")), platform.processor())
     # A copy of the tree without its .git (as sent to a GPU machine) names its commit in
-    # FEDAPP_SOURCE_COMMIT; the copy is then taken as clean.
-    commit = git("rev-parse", "HEAD") or os.environ.get("FEDAPP_SOURCE_COMMIT", "unknown")
+    # FEDAPP_SOURCE_COMMIT; whether it had uncommitted changes is then not known (None).
+    commit = git("rev-parse", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--", *RUN_CODE)) if commit else None
     gpu = {"gpu": torch.cuda.get_device_name(0)} if torch.cuda.is_available() else {}
-    return {"commit": commit,
-            "dirty": bool(git("status", "--porcelain", "--", *RUN_CODE)),
+    return {"commit": commit or os.environ.get("FEDAPP_SOURCE_COMMIT", "unknown"),
+            "dirty": dirty,
             "cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(), **gpu,
             "torch": torch.__version__, "recorded_at": time.strftime("%Y-%m-%d")}
 
@@ -97,8 +101,10 @@ def provenance_line(summaries: Iterable[Mapping[str, Any]]) -> str:
     commits: dict[str, int] = {}
     machines: dict[str, int] = {}
     for o in origins:
-        commit = o.get("commit", "unknown")[:7] + (" with uncommitted changes" if o.get("dirty")
-                                                   else "")
+        dirty = o.get("dirty", False)
+        commit = o.get("commit", "unknown")[:7] + (
+            " with uncommitted changes" if dirty else
+            " (uncommitted changes not known)" if dirty is None and "commit" in o else "")
         commits[commit] = commits.get(commit, 0) + 1
         if "cpu" in o:
             machine = (f"{o['cpu']} ({o['cpu_capability']})"

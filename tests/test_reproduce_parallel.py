@@ -125,6 +125,11 @@ def test_a_run_made_on_a_gpu_and_off_git_says_so(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
     origin = common.provenance(True)
     assert origin["commit"] == "0123456789ab" and origin["gpu"] == "NVIDIA H200"
-    assert not origin["dirty"]
+    assert origin["dirty"] is None  # without git, nobody can tell
     line = common.provenance_line([{"provenance": origin}])
-    assert "0123456 (1), on " in line and " with NVIDIA H200, torch " in line
+    assert "0123456 (uncommitted changes not known) (1), on " in line
+    assert " with NVIDIA H200, torch " in line
+    # No git installed at all reads the same.
+    monkeypatch.setattr(common.subprocess, "run", lambda cmd, **k: (_ for _ in ()).throw(
+        FileNotFoundError("git")) if cmd[0] == "git" else real_run(cmd, **k))
+    assert common.provenance(True)["commit"] == "0123456789ab"
