@@ -289,31 +289,43 @@ def test_partition_nodes_is_validated(value):
         make_strategy("standalone", num_clients=2, partition_nodes=value)
 
 
-def test_a_rounds_server_seconds_sum_the_strategys_own_calls(monkeypatch):
-    # _server_work adds the time inside each of Flower's calls, and a record written inside
-    # one (at the round's end) already counts that call's time so far.
+def test_server_seconds_is_the_strategys_own_work_not_the_wait_for_clients(tmp_path,
+                                                                           monkeypatch):
+    # A clock that moves only where the test says: 100 s in each wait for clients
+    # (list_clients), 50 s of the clients' training between Flower's calls, 2 s in the
+    # method's server step. The round's record counts the 2 s alone.
+    import json
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
     from fedapp.runtime import strategy_base
+    from fedapp.runtime.payload import to_ndarrays
     clock = {"t": 0.0}
     monkeypatch.setattr(strategy_base.time, "perf_counter", lambda: clock["t"])
-    seen = []
+    recorder = Recorder(tmp_path / "run", method="lg-fedavg", dataset="synthetic",
+                        num_clients=3, num_rounds=1, config={}, partition={})
+    strategy = make_strategy("lg-fedavg", recorder, num_clients=3, arch_mix="cnn1",
+                             sizes=[10, 10, 10])
+    manager, proxies = client_manager(strategy)
+    waits = manager.wait_for
 
-    class Calls:
-        _server_seconds, _phase_started = 0.0, 0.0
+    def slow_wait(*args, **kwargs):
+        clock["t"] += 100.0
+        return waits(*args, **kwargs)
+    monkeypatch.setattr(manager, "wait_for", slow_wait)
+    step = strategy.aggregate
 
-        @strategy_base._server_work
-        def configure(self):
-            self._server_seconds = 0.0  # as configure_fit starts a round
-            clock["t"] += 2.0
-
-        @strategy_base._server_work
-        def aggregate(self):
-            clock["t"] += 1.0
-            seen.append(self._server_seconds + clock["t"] - self._phase_started)
-            clock["t"] += 0.5
-
-    calls = Calls()
-    calls.aggregate()             # a previous round's leftover, reset by configure
-    calls.configure()
-    clock["t"] += 30.0            # the clients' time: not the server's
-    calls.aggregate()
-    assert seen[-1] == 3.0 and calls._server_seconds == 3.5
+    def slow_step(*args):
+        clock["t"] += 2.0
+        return step(*args)
+    monkeypatch.setattr(strategy, "aggregate", slow_step)
+    strategy.configure_fit(1, None, manager)
+    clock["t"] += 50.0
+    strategy.aggregate_fit(1, [(p, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(
+        to_ndarrays(strategy.global_head)), 10, {"partition-id": i, "arch": "cnn1"}))
+        for i, p in enumerate(proxies)], [])
+    strategy.configure_evaluate(1, None, manager)
+    clock["t"] += 50.0
+    strategy.aggregate_evaluate(1, [(p, eval_res(i, "cnn1", 0.5))
+                                    for i, p in enumerate(proxies)], [])
+    [record] = [json.loads(line) for line in
+                (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
+    assert record["server_seconds"] == 2.0
