@@ -97,9 +97,11 @@ class RunConfig:
         "per-client", "the private models' initial weights: 'per-client' = a draw of each "
         "client's own, 'per-architecture' = one draw per architecture, shared by its clients "
         "and by a shared model of that architecture (FML's, FedKD's mentee), and one draw of "
-        "each private module (FedKD's W_h, FedMRL's projector) shared by all (HtFLlib re-seeds "
-        "torch with the same seed in every client's constructor)",
-        choices=("per-client", "per-architecture"))
+        "each private module (FedKD's W_h, FedMRL's projector) shared by all; 'shared' = the "
+        "same and one key for every architecture too, so architectures that begin with the "
+        "same layers begin with the same weights (HtFLlib re-seeds torch with the same seed "
+        "in every client's constructor and before building a shared model)",
+        choices=("per-client", "per-architecture", "shared"))
     # -- local training (the recipe: a method's own values replace these defaults for every
     #    key the run does not set, see RECIPE_KEYS and docs/recipes.md)
     local_epochs: int = _opt(1, "local epochs per round (when local-steps = 0)", low=1)

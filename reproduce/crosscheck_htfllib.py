@@ -33,7 +33,7 @@ from typing import Any, Mapping
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, mean_std, run_seeds, write_generated  # noqa: E402
+from common import ROOT, finished, mean_std, run_seeds, write_generated  # noqa: E402
 
 from client_models.htfllib_cnns import HTFLLIB_CNNS  # noqa: E402
 
@@ -138,6 +138,14 @@ METHODS["fedl2g-htfllib-guide"] = {"method": "fedl2g", **METHODS["fedl2g"],
 # FedKD with HtFLlib's factors: each 5x5 kernel of a convolution factored on its own (one rank
 # per layer), factors sent even where larger than the tensor (clientkd.py's decomposition).
 METHODS["fedkd-htfllib-codec"] = {"method": "fedkd", **METHODS["fedkd"], "fedkd.codec": "htfllib"}
+# Local, FedKD and FedL2G from HtFLlib's whole start: its models are built right after the same
+# torch seed, so HCNNs8's models that begin with the same layers begin with the same weights
+# (every first convolution alike; c1's Linear 4608 -> 512 is the first rows of c1-1024's, ...)
+# and FedKD's mentee (c1) equals the clients of c1 and begins as c1-512, c1-1024, c1-1024-512.
+# Paired with the Local of the same start (``local_of``).
+for _method in ("standalone", "fedkd", "fedl2g"):
+    METHODS[f"{_method}-shared-start"] = {"method": _method, **METHODS[_method],
+                                          "model-init": "shared"}
 # Where HtFLlib measures something else than our headline, the variant that measures what it
 # measures (our headline is kept in the last two columns).
 VARIANT: dict[str, tuple[str, str]] = {
@@ -232,6 +240,24 @@ PEER["fedtgp-one-server-seed"] = PEER["fedtgp"]
 PEER["fedgen-shared-init"] = PEER["fedgen-startup-labels"] = PEER["fedgen"]
 PEER["fedkd-htfllib-codec"] = PEER["fedkd-shared-init"] = PEER["fedkd"]
 PEER["fedl2g-shared-init"] = PEER["fedl2g-htfllib-guide"] = PEER["fedl2g"]
+for _method in ("standalone", "fedkd", "fedl2g"):
+    PEER[f"{_method}-shared-start"] = PEER[_method]
+
+
+def local_of(method: str) -> str | None:
+    """The Local row that starts as ``method``'s row does (the same ``model-init``), which its
+    runs pair with; None if there is none."""
+    init = METHODS[method].get("model-init")
+    return next((name for name, overrides in METHODS.items()
+                 if overrides.get("method", name) == "standalone"
+                 and overrides.get("model-init") == init), None)
+
+
+def test_sizes(data_dir: Path) -> dict[str, int]:
+    """Each client's test samples in the generator's files (what pooled accuracy weighs by)."""
+    from fedapp.data.files import load_file_dataset
+    return {str(k): len(test) for k, (_, test) in
+            enumerate(load_file_dataset("federation", str(data_dir)).clients)}
 
 
 def pooled(per_client: Mapping[str, float], test_sizes: Mapping[str, int]) -> float:
@@ -240,12 +266,12 @@ def pooled(per_client: Mapping[str, float], test_sizes: Mapping[str, int]) -> fl
     return correct / sum(test_sizes[k] for k in per_client)
 
 
-def measures(run_dir: Path, variant: str | None) -> dict[str, float]:
-    """One run's accuracies: pooled and per-client mean after the last round, best pooled over
-    the evaluated rounds — of the headline, or of ``variant`` where given."""
-    summary = json.loads((run_dir / "summary.json").read_text())
-    partition = json.loads((run_dir / "partition.json").read_text())
-    sizes = {str(c["partition_id"]): c["test_size"] for c in partition["clients"]}
+def measures(out: Path, run_name: str, variant: str | None,
+             sizes: Mapping[str, int]) -> dict[str, float]:
+    """One run's accuracies (from its folder, else its record): pooled and per-client mean
+    after the last round, best pooled over the evaluated rounds — of the headline, or of
+    ``variant`` where given."""
+    summary = json.loads(finished(out, run_name).read_text())
 
     def per_client(record: Mapping[str, Any]) -> Mapping[str, float]:
         return record["variants"][variant]["per_client"] if variant else record["per_client"]
@@ -291,18 +317,19 @@ def peer_seeds(peer: Mapping[str, Any]) -> list[int]:
 
 
 def paired(method: str, peer: Mapping[str, Any], as_peer: list[dict[str, float]],
-           seeds: list[int], out: Path) -> str | None:
-    """Each run minus Local at the same seed, on each side: a run and its Local share initial
-    weights and batches, so the differences keep the method's effect and lose most of the
-    initial weights' lottery. None where a side has no Local at its seeds."""
+           seeds: list[int], out: Path, sizes: Mapping[str, int]) -> str | None:
+    """Each run minus Local at the same seed and start (``local_of``), on each side: a run and
+    its Local share initial weights and batches, so the differences keep the method's effect
+    and lose most of the initial weights' lottery. None where a side has no Local at its
+    seeds."""
     local = PEER["standalone"]
     theirs = [last - local["last"][s] for last, s in zip(peer["last"], peer_seeds(peer))
               if s < len(local["last"])]
     ours = []
     for seed, m in zip(seeds, as_peer):
-        run = out / f"standalone-{ROUNDS}-rounds-seed{seed}" / "summary.json"
-        if run.exists():
-            ours.append(m["pooled"] - measures(run.parent, None)["pooled"])
+        run = f"{local_of(method)}-{ROUNDS}-rounds-seed{seed}"
+        if finished(out, run):
+            ours.append(m["pooled"] - measures(out, run, None, sizes)["pooled"])
     if not theirs or not ours:
         return None
     difference = float(np.mean(ours) - np.mean(theirs))
@@ -326,7 +353,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True,
                         help="the folder PFLlib's generator wrote (config.json, train/, test/)")
-    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS),
+                        help="these rows only: their table is printed, and docs/crosscheck.md "
+                        "(every row) is left as it is")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help=f"rounds (default {ROUNDS}, the peer's run; another count "
@@ -341,13 +370,13 @@ def main() -> None:
         raise SystemExit(f"{data_dir} has no config.json: give the folder PFLlib's generator "
                          "wrote (docs/crosscheck.md says how to make it)")
 
+    sizes = test_sizes(data_dir)
     rows, curves, clients, pairs, left_out = [], [], [], [], []
     for method in args.methods:
         name = f"{method}-{args.rounds}-rounds"
         seeds = args.seeds
         if args.existing:
-            seeds = [s for s in seeds
-                     if (args.out.resolve() / f"{name}-seed{s}" / "summary.json").exists()]
+            seeds = [s for s in seeds if finished(args.out.resolve(), f"{name}-seed{s}")]
             if not seeds:
                 left_out.append(method)
                 continue
@@ -355,10 +384,11 @@ def main() -> None:
             run_seeds(None, {**WORK, "num-server-rounds": args.rounds,
                              "data-dir": str(data_dir), "method": method, **METHODS[method]},
                       name, seeds, args.out.resolve())
-        dirs = [args.out.resolve() / f"{name}-seed{s}" for s in seeds]
-        ours = [measures(d, None) for d in dirs]
+        runs = [f"{name}-seed{s}" for s in seeds]
+        ours = [measures(args.out.resolve(), r, None, sizes) for r in runs]
         variant, why = VARIANT.get(method, (None, ""))
-        as_peer = [measures(d, variant) for d in dirs] if variant else ours
+        as_peer = ([measures(args.out.resolve(), r, variant, sizes) for r in runs] if variant
+                   else ours)
         peer = PEER.get(method) if args.rounds == ROUNDS else None
         peer_last = peer["last"] if peer else []
         p_mean, p_std = mean_std(peer_last) if peer_last else (float("nan"), float("nan"))
@@ -379,9 +409,9 @@ def main() -> None:
             for p, o in zip(peer["rounds"] if peer else ours_curve, ours_curve)) + " |")
         if peer and "correct" in peer:
             clients.append(one_client(method, peer, as_peer))
-        # A run from HtFLlib's shared start does not share our Local's initial weights.
-        if peer and method != "standalone" and "model-init" not in METHODS[method] \
-                and (row := paired(method, peer, as_peer, seeds, args.out.resolve())):
+        # A row pairs with the Local that starts as it does, where there is one.
+        if peer and local_of(method) not in (None, method) \
+                and (row := paired(method, peer, as_peer, seeds, args.out.resolve(), sizes)):
             pairs.append(row)
         if why:
             print(f"[crosscheck] {method}: compared as the peer measures it: {why}")
@@ -424,6 +454,11 @@ def main() -> None:
             "pooled accuracy of the other clients:", "",
             "| method | client | HtFLlib's runs | our seeds | HtFLlib without it | "
             "ours without it |", "|---|---|---|---|---|---|", *clients] if clients else [])]
+    if set(args.methods) != set(METHODS):
+        print("\n".join(lines))
+        print(f"[reproduce] {len(args.methods)} of {len(METHODS)} rows: printed above; {DOC} "
+              "keeps its table of every row")
+        return
     write_generated(DOC, SCRIPT, "\n".join(lines))
     print(f"[reproduce] wrote {DOC}")
 

@@ -7,6 +7,7 @@ from flwr.app import Context, RecordDict
 
 import fedapp.runtime.client_base as client_base
 from fedapp.config import ConfigError
+from fedapp.data import setup
 from fedapp.runtime.payload import from_ndarrays, to_ndarrays
 from strategies import METHODS
 from tests.conftest import cfg_of
@@ -37,27 +38,27 @@ def test_private_model_survives_the_client_object_and_the_process_cache():
     assert set(from_ndarrays(arrays)) == {"head.weight", "head.bias"}
 
 
-@pytest.mark.parametrize("init", ["per-client", "per-architecture"])
+@pytest.mark.parametrize("init", ["per-client", "per-architecture", "shared"])
 def test_model_init_per_client_or_shared_by_the_clients_of_an_architecture(init):
     # Clients 0 and 3 of four get cnn5 (round-robin over three architectures).
     client_base._MODEL_CACHE.clear()
     weights = [client("lg-fedavg", context(pid, 4), num_clients=4, model_init=init)
                .model.state_dict()["head.weight"] for pid in (0, 3, 1)]
-    assert torch.equal(weights[0], weights[1]) == (init == "per-architecture")
+    assert torch.equal(weights[0], weights[1]) == (init != "per-client")
     assert weights[2].shape != weights[0].shape or not torch.equal(weights[2], weights[0])
 
 
-@pytest.mark.parametrize("init", ["per-client", "per-architecture"])
+@pytest.mark.parametrize("init", ["per-client", "per-architecture", "shared"])
 def test_a_private_module_starts_as_the_model_init_says(init):
     # FedKD's W_h: each client's own draw, or one draw shared by every client (as HtFLlib's).
     client_base._MODEL_CACHE.clear()
     w_h = [client("fedkd", context(pid), model_init=init).modules["hidden"].weight
            for pid in (0, 1)]
     assert w_h[0].shape == w_h[1].shape
-    assert torch.equal(w_h[0], w_h[1]) == (init == "per-architecture")
+    assert torch.equal(w_h[0], w_h[1]) == (init != "per-client")
 
 
-@pytest.mark.parametrize("init", ["per-client", "per-architecture"])
+@pytest.mark.parametrize("init", ["per-client", "per-architecture", "shared"])
 def test_a_shared_model_starts_as_its_architectures_clients_under_per_architecture(init):
     # FedKD's mentee is the smallest of the mix, cnn5, which client 0 trains privately.
     client_base._MODEL_CACHE.clear()
@@ -65,7 +66,25 @@ def test_a_shared_model_starts_as_its_architectures_clients_under_per_architectu
     assert fedkd.arch == fedkd.shared.arch == "cnn5"
     same = [torch.equal(a, b) for a, b in zip(fedkd.model.state_dict().values(),
                                              fedkd.shared.state_dict().values())]
-    assert all(same) == (init == "per-architecture") and any(same) == all(same)
+    assert all(same) == (init != "per-client") and any(same) == all(same)
+
+
+@pytest.mark.parametrize("init", ["per-architecture", "shared"])
+def test_shared_init_gives_architectures_that_begin_alike_the_same_first_layers(init):
+    # HtFLlib seeds torch alike before building every model, so its CNNs that begin with the
+    # same layers begin with the same weights: c1 and c1-512 share the convolution and the
+    # Linear 4608 -> 512 after it, c2 only the convolution; c1-1024's first Linear holds
+    # c1's as its first 512 rows (one stream of draws, row by row).
+    cfg = cfg_of(**{**SMOKE, "arch_mix": "htfllib-cnn-c1,htfllib-cnn-c1-512,htfllib-cnn-c2,"
+                    "htfllib-cnn-c1-1024", "feature_dim": 512, "model_init": init})
+    c1, c1_512, c2, c1_1024 = (setup.new_model(cfg, arch, (1, 28, 28), 10)
+                               for arch in cfg.architectures[:4])
+    conv, fc = c1.extractor[0][0], c1.extractor[2]
+    shared = init == "shared"
+    assert torch.equal(conv.weight, c1_512.extractor[0][0].weight) == shared
+    assert torch.equal(conv.weight, c2.extractor[0][0].weight) == shared
+    assert torch.equal(fc.weight, c1_512.extractor[2].weight) == shared
+    assert torch.equal(fc.weight, c1_1024.extractor[2].weight[:512]) == shared
 
 
 def test_same_seed_same_result_whatever_the_order():

@@ -46,10 +46,20 @@ def architectures(cfg: RunConfig) -> list[str]:
     return assign_architectures(cfg.architectures, cfg.num_clients, cfg.arch_assignment, cfg.seed)
 
 
+def model_init_seed(cfg: RunConfig, arch: str, *seed_parts: int | str) -> int:
+    """The key of a model's initial weights: ``(seed, arch, *seed_parts)``; with ``model-init =
+    "shared"`` without the architecture, so that every model draws its layers from one stream
+    in the order it builds them, as HtFLlib's models do after its constructors re-seed torch:
+    two architectures that begin with the same layer shapes begin with the same weights."""
+    own_arch = () if cfg.model_init == "shared" else (arch,)
+    return derive_seed(cfg.seed, "model-init", *own_arch, *seed_parts)
+
+
 def new_model(cfg: RunConfig, arch: str, input_shape: tuple[int, int, int], num_classes: int,
               *seed_parts: int | str) -> HeteroModel:
-    """A freshly initialised model; its weights depend only on ``(seed, arch, *seed_parts)``."""
-    with isolated_rng(derive_seed(cfg.seed, "model-init", arch, *seed_parts)):
+    """A freshly initialised model; its weights depend only on ``(seed, arch, *seed_parts)``
+    (:func:`model_init_seed`)."""
+    with isolated_rng(model_init_seed(cfg, arch, *seed_parts)):
         return build_model(arch, input_shape, num_classes,
                            feature_dim=cfg.feature_dim or None, width=cfg.model_width)
 

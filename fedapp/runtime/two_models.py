@@ -29,6 +29,7 @@ from flwr.app import ArrayRecord
 
 from client_models import HeteroModel, build_model, parse_arch_mix
 from fedapp.config import ConfigError, RunConfig
+from fedapp.data import setup
 from fedapp.data.local_data import expected_input
 from fedapp.runtime.aggregate import weighted_average
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
@@ -44,7 +45,7 @@ MODULE_STATE_KEY = "fedapp.module.{name}"
 def _build(cfg: RunConfig, arch: str, input_shape: tuple[int, int, int], num_classes: int,
            *seed_parts: int | str) -> HeteroModel:
     pool = cfg.settings.shared_pool_dim(cfg)
-    with isolated_rng(derive_seed(cfg.seed, "model-init", arch, *seed_parts)):
+    with isolated_rng(setup.model_init_seed(cfg, arch, *seed_parts)):
         model = build_model(arch, input_shape, num_classes,
                             feature_dim=(cfg.feature_dim or None) if pool
                             else cfg.settings.shared_feature_dim(cfg),
@@ -86,7 +87,8 @@ def build_shared_model(cfg: RunConfig, input_shape: tuple[int, int, int],
     """The shared model's initial weights: one key for the whole run, so the server's copy and
     every client's start equal. With ``model-init = "per-architecture"`` it is the draw of its
     architecture that the private models of that architecture start from, as in HtFLlib, which
-    builds it right after seeding torch as every client does before building its model."""
+    builds it right after seeding torch as every client does before building its model; with
+    ``"shared"`` also the first layers of every other architecture that begins as it does."""
     own = ("shared-model",) if cfg.model_init == "per-client" else ()
     return _build(cfg, shared_architecture(cfg, tuple(input_shape), num_classes),
                   tuple(input_shape), num_classes, *own)
@@ -157,8 +159,9 @@ class TwoModelClient(FedClient):
     def modules(self) -> dict[str, torch.nn.Module]:
         """The method's private modules, as this client last kept them. They start as the
         private model does (``model-init``): each client's own draw, or with
-        ``"per-architecture"`` one draw that every client shares (HtFLlib re-seeds torch before
-        building them, so FedKD's W_h and FedMRL's projector start alike in all its clients)."""
+        ``"per-architecture"`` or ``"shared"`` one draw that every client shares (HtFLlib
+        re-seeds torch before building them, so FedKD's W_h and FedMRL's projector start alike
+        in all its clients)."""
         built = {}
         own = (self.partition_id,) if self.cfg.model_init == "per-client" else ()
         for name, make in self.private_modules().items():
