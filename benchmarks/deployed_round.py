@@ -110,20 +110,6 @@ def deployed(tmp: Path, clientapp: str, poll: float, threads: int, settings: lis
             stop_process_group(proc)
 
 
-def breakdown(trace: Path, last: int) -> list[str]:
-    """Markdown rows: each phase of the ``last`` messages (median and range over them)."""
-    import numpy as np
-    rows = timeline.phases(timeline.read(trace), last=last)
-    if not rows:
-        return ["(no message was recorded by every process on its way)"]
-    out = [f"Where a message of a later round spends its seconds ({len(rows)} messages: "
-           "median, min-max):", "", "| phase | s |", "|---|---|"]
-    for name in [p[0] for p in timeline.PHASES] + ["total"]:
-        v = np.array([r[name] for r in rows])
-        out.append(f"| {name} | {np.median(v):.2f} ({v.min():.2f}-{v.max():.2f}) |")
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--method", default="lg-fedavg")
@@ -156,7 +142,7 @@ def main() -> None:
         print(f"| {label} | {first:.1f} | {later:.1f} | {total:.0f} |")
     # The later rounds: a training and an evaluation message to each of the two nodes.
     print("\n" + VARIANTS[0][0] + ". "
-          + "\n".join(breakdown(trace, last=4 * (args.rounds - 1))))
+          + "\n".join(timeline.breakdown(trace, last=4 * (args.rounds - 1))))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ same threads, and the comparison measures the framework, not a different paralle
 
     .venv/bin/python benchmarks/runtime_overhead.py [--setting tenclients] [--rounds 20]
     .venv/bin/python benchmarks/runtime_overhead.py --setting htfllib --rounds 5
+    .venv/bin/python benchmarks/runtime_overhead.py --setting htfllib --rounds 3 --flwr-only \
+        --timeline     # where a message's seconds go between the ServerApp and the actors
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from flwr.app import Context, RecordDict  # noqa: E402
 
 from fedapp.data import setup  # noqa: E402
 from fedapp.data.partitions import load_client_data  # noqa: E402
+from fedapp.runtime import timeline  # noqa: E402
 from fedapp.seeding import derive_seed  # noqa: E402
 from strategies import METHODS, load_config  # noqa: E402
 
@@ -139,18 +142,26 @@ def full_run(args: argparse.Namespace) -> tuple[float, float, float, float, floa
     """(end-to-end seconds of `fedapp run`, the ServerApp's own wall_seconds, the mean wall
     seconds of its rounds after the first, the clients' own compute in them (the seconds
     their fit and evaluate took inside the actors, summed over the round's clients), and the
-    strategy's own work in them (``server_seconds``: its four calls of a round))."""
+    strategy's own work in them (``server_seconds``: its four calls of a round)). With
+    ``--timeline`` it also prints where a message of the later rounds spends its seconds."""
     out = Path(tempfile.mkdtemp(prefix="fedapp-bench-"))
     sets = [f"--set={k}={json.dumps(v) if isinstance(v, str) else v}"
             for k, v in settings(args).items()]
+    trace = out / "timeline"
+    env = {**os.environ, **({timeline.ENV: str(trace)} if args.timeline else {})}
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "fedapp.cli.main", "run", *sets,
-                    "--set", 'run-name="bench"', "--output-dir", str(out)], check=True)
+                    "--set", 'run-name="bench"', "--output-dir", str(out)], check=True,
+                   env=env)
     end_to_end = time.perf_counter() - start
     summary = json.loads((out / "bench" / "summary.json").read_text())
     rounds = [json.loads(line)
               for line in (out / "bench" / "rounds.jsonl").read_text().splitlines()]
     later = rounds[1:] or rounds
+    if args.timeline:
+        messages = sum(r["clients_fit"] + len(r.get("evaluated") or []) for r in rounds[1:])
+        print("\n".join(timeline.breakdown(trace, last=messages,
+                                           way=timeline.SIMULATED_PHASES)), flush=True)
     return (end_to_end, summary["wall_seconds"],
             *(sum(r[key] for r in later) / len(later)
               for key in ("seconds", "client_seconds", "server_seconds")))
@@ -203,6 +214,9 @@ def main() -> None:
                              "client runtime without any method's own extra work)")
     parser.add_argument("--warmup-rounds", type=int, default=1,
                         help="rounds the two in-process loops run untimed first")
+    parser.add_argument("--timeline", action="store_true",
+                        help="the Flower run records each message's way "
+                        "(fedapp.runtime.timeline) and prints where it spends its seconds")
     parser.add_argument("--flwr-only", action="store_true",
                         help="only the Flower run (seconds, no ratios): a variant of it beside "
                              "a sitting that has the bare loop")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import os
 
-from flwr.app import Context
+from flwr.app import Context, Message
 from flwr.client import Client
 from flwr.clientapp import ClientApp
 
 from fedapp.config import RunConfig
+from fedapp.runtime import timeline
 from strategies import METHODS, load_config
 
 
@@ -23,4 +25,17 @@ def client_fn(context: Context) -> Client:
     return METHODS[cfg.method].client(context, cfg).to_client()
 
 
-app = ClientApp(client_fn=client_fn)
+def timeline_marks(message: Message, context: Context, call_next) -> Message:
+    """With a timeline on (``FEDAPP_TIMELINE``), when this process began and ended handling a
+    message: in a simulation the marks that split a message's way into the engine's share on
+    the way in, the handling, and the engine's share on the way back."""
+    if not timeline.enabled():
+        return call_next(message, context)
+    entered = timeline.now()
+    reply = call_next(message, context)
+    timeline.write("handler", id=message.metadata.message_id, entered=entered,
+                   left=timeline.now(), pid=os.getpid())
+    return reply
+
+
+app = ClientApp(client_fn=client_fn, mods=[timeline_marks])

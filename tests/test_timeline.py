@@ -101,3 +101,41 @@ def test_the_supernode_marks_a_message_its_replys_sight_and_its_sending(tmp_path
     loop._push_messages(send=lambda *a: None, state=None)
     marks = {k: v for x in timeline.read(tmp_path) for k, v in x.items() if x["id"] == "m1"}
     assert marks["received"] <= marks["reply_seen"] <= marks["reply_told"] <= marks["reply_sent"]
+
+
+def test_the_clientapp_marks_its_handling_of_each_message(tmp_path, monkeypatch):
+    from fedapp import client_app
+    message = SimpleNamespace(metadata=SimpleNamespace(message_id="m3"))
+    monkeypatch.delenv(timeline.ENV, raising=False)
+    assert client_app.timeline_marks(message, "ctx", lambda m, c: "reply") == "reply"
+    assert not list(tmp_path.iterdir())                      # off: nothing written
+    monkeypatch.setenv(timeline.ENV, str(tmp_path))
+    assert client_app.timeline_marks(message, "ctx", lambda m, c: "reply") == "reply"
+    (line,) = timeline.read(tmp_path)
+    assert line["kind"] == "handler" and line["id"] == "m3" and line["left"] >= line["entered"]
+    assert client_app.timeline_marks in client_app.app._mods  # every message passes it
+
+
+def test_a_simulated_messages_way_in_three_phases(tmp_path, monkeypatch):
+    monkeypatch.setenv(timeline.ENV, str(tmp_path))
+    for i, t in enumerate((0.0, 10.0)):
+        timeline.write("server", id=f"m{i}", pushed=t, replied=t + 2.0)
+        timeline.write("handler", id=f"m{i}", entered=t + 0.25, left=t + 1.5)
+    rows = timeline.phases(timeline.read(tmp_path), way=timeline.SIMULATED_PHASES)
+    assert [[r[name] for name, _, _ in timeline.SIMULATED_PHASES] for r in rows] == \
+        [[0.25, 1.25, 0.5]] * 2
+    table = timeline.breakdown(tmp_path, last=1, way=timeline.SIMULATED_PHASES)
+    assert "(1 messages" in table[0] and table[-1] == "| total | 2.000 (2.000-2.000) |"
+
+
+def test_handover_gaps_count_an_actors_idle_time_while_the_next_message_waits():
+    lines = [{"kind": "server", "id": i, "pushed": 0.0 if i != "late" else 9.0, "replied": 20.0}
+             for i in ("a", "b", "c", "late", "other")]
+    lines += [{"kind": "handler", "id": "a", "entered": 0.1, "left": 1.0, "pid": 1},
+              {"kind": "handler", "id": "b", "entered": 1.2, "left": 2.0, "pid": 1},
+              {"kind": "handler", "id": "c", "entered": 2.5, "left": 3.0, "pid": 1},
+              # pushed after "c" was handed back: the actor was idle, not the engine's cost
+              {"kind": "handler", "id": "late", "entered": 9.1, "left": 9.5, "pid": 1},
+              {"kind": "handler", "id": "other", "entered": 1.1, "left": 1.4, "pid": 2}]
+    assert timeline.handover_gaps(lines) == pytest.approx([0.2, 0.5])
+    assert timeline.handover_gaps(lines, last=2) == []   # "late" and "other": one each

@@ -14,7 +14,11 @@ Three kinds of line, all on this machine's wall clock (a loopback deployment: on
   object tree at ``listed``, the message's objects at ``objects`` and the message at ``pulled``,
   installed the FAB at ``installed``, loaded the app at ``loaded``, had the reply at
   ``handled``, pushed it at ``pushed`` and was about to exit at ``exited``
-  (``fedapp.cli.warm_superexec``).
+  (``fedapp.cli.warm_superexec``);
+- ``handler``: the ClientApp in process ``pid`` began handling message ``id`` at ``entered``
+  and had its reply at ``left`` (``fedapp.client_app``), wherever it runs: in a simulation, a
+  Ray actor of the simulation engine (``benchmarks/runtime_overhead.py``,
+  :data:`SIMULATED_PHASES`, :func:`handover_gaps`).
 
 Each process appends to its own file (``<kind>-<pid>.jsonl``): lines of concurrent processes
 never interleave. :func:`read` gathers them; :func:`phases` joins a message's marks by its id.
@@ -82,11 +86,24 @@ PHASES = [("to the SuperNode (SuperLink, the node's poll)", "server.pushed",
            "server.replied")]
 
 
-def phases(lines: list[dict[str, Any]], last: int | None = None) -> list[dict[str, float]]:
+# The same in a simulation, where a message goes from the link state to the engine's queue,
+# to a Ray actor with the node's Context, and back.
+SIMULATED_PHASES = [
+    ("to the ClientApp (link state, the engine's queue and worker, Ray, the Context)",
+     "server.pushed", "handler.entered"),
+    ("handle the message (the client: model, training or evaluation, payload)",
+     "handler.entered", "handler.left"),
+    ("back to the ServerApp (Ray, the Context's update, link state, the driver's pulls)",
+     "handler.left", "server.replied")]
+
+
+def phases(lines: list[dict[str, Any]], last: int | None = None,
+           way: list[tuple[str, str, str]] = PHASES) -> list[dict[str, float]]:
     """Per message that every process recorded, in the order the server pushed them: the seconds of
-    each phase of :data:`PHASES` and ``total`` (push to reply). ``last``: only the server's
-    last so many messages (the later rounds: not the identity queries, not round 1 with the
-    nodes' first ClientApps and the FAB's first install)."""
+    each phase of ``way`` (:data:`PHASES` or :data:`SIMULATED_PHASES`) and ``total`` (push
+    to reply). ``last``: only the server's last so many messages (the later rounds: not the
+    identity queries, not round 1 with the nodes' first ClientApps and the FAB's first
+    install)."""
     by_id: dict[str, dict[str, float]] = {}  # a message's marks, from every process
     for line in lines:
         if line.get("id") is not None:
@@ -94,13 +111,53 @@ def phases(lines: list[dict[str, Any]], last: int | None = None) -> list[dict[st
             marks.update({f"{line['kind']}.{k}": v for k, v in line.items()
                           if k not in ("kind", "id")})
     servers = sorted((x for x in lines if x["kind"] == "server"), key=lambda x: x["pushed"])
-    needed = {end for _, _, end in PHASES}
+    needed = {mark for _, start, end in way for mark in (start, end)}
     out = []
     for server in servers[-last if last else 0:]:
         marks = by_id[server["id"]]
         if not needed <= set(marks):
             continue
-        row = {name: marks[end] - marks[start] for name, start, end in PHASES}
+        row = {name: marks[end] - marks[start] for name, start, end in way}
         row["total"] = server["replied"] - server["pushed"]
         out.append(row)
     return out
+
+
+def handover_gaps(lines: list[dict[str, Any]], last: int | None = None) -> list[float]:
+    """In a simulation, the seconds a ClientApp process (a Ray actor) stands between handing
+    back one message and starting the next one, which was already waiting: what the engine
+    costs per message (the reply's way back through Ray, the Context's update, the next
+    message and Context through Ray to the actor) while the round waits for it. Over the
+    server's last ``last`` messages (all if None)."""
+    servers = sorted((x for x in lines if x["kind"] == "server"), key=lambda x: x["pushed"])
+    pushed = {x["id"]: x["pushed"] for x in servers[-last if last else 0:]}
+    by_process: dict[int, list[dict[str, Any]]] = {}
+    for x in lines:
+        if x["kind"] == "handler" and x["id"] in pushed:
+            by_process.setdefault(x.get("pid", 0), []).append(x)
+    gaps = []
+    for handled in by_process.values():
+        handled.sort(key=lambda x: x["entered"])
+        gaps += [after["entered"] - before["left"] for before, after in zip(handled, handled[1:])
+                 if pushed[after["id"]] <= before["left"]]
+    return gaps
+
+
+def breakdown(folder: Path, last: int, way: list[tuple[str, str, str]] = PHASES) -> list[str]:
+    """Markdown rows: each phase of ``way`` over the ``last`` messages (median and range)."""
+    import numpy as np
+    rows = phases(read(folder), last=last, way=way)
+    if not rows:
+        return ["(no message was recorded by every process on its way)"]
+    out = [f"Where a message of a later round spends its seconds ({len(rows)} messages: "
+           "median, min-max):", "", "| phase | s |", "|---|---|"]
+    for name in [p[0] for p in way] + ["total"]:
+        v = np.array([r[name] for r in rows])
+        out.append(f"| {name} | {np.median(v):.3f} ({v.min():.3f}-{v.max():.3f}) |")
+    if way is SIMULATED_PHASES and (gaps := handover_gaps(read(folder), last)):
+        v = np.array(gaps)
+        out += ["", f"Between two messages on one actor, the next one waiting (the engine's "
+                f"cost per message): {np.median(v):.3f} s median ({v.min():.3f}-{v.max():.3f}), "
+                f"{v.sum():.2f} s over {len(v)} handovers."]
+    return out
+
