@@ -18,8 +18,10 @@ The work (docs/crosscheck.md says how the peer's side was run):
 
     .venv/bin/python reproduce/crosscheck_htfllib.py --data-dir /data/pfllib/FashionMNIST
 
-Finished runs are reused (results/crosscheck-htfllib/). Writes the table into
-docs/crosscheck.md, with the peer's figures (``PEER``: taken from its logs) beside ours.
+Finished runs are reused (results/crosscheck-htfllib/, else their records under
+reproduce/records/crosscheck-htfllib/). Writes the table into docs/crosscheck.md, with the
+peer's figures (``PEER``: taken from its logs) beside ours; with ``--methods``, those rows only,
+into a part of the doc of their own.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from typing import Any, Mapping
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, finished, mean_std, run_seeds, write_generated  # noqa: E402
+from common import (ROOT, finished, mean_std, provenance, record, run_seeds,  # noqa: E402
+                    write_generated)
 
 from client_models.htfllib_cnns import HTFLLIB_CNNS  # noqa: E402
 
@@ -354,8 +357,8 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, required=True,
                         help="the folder PFLlib's generator wrote (config.json, train/, test/)")
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS),
-                        help="these rows only: their table is printed, and docs/crosscheck.md "
-                        "(every row) is left as it is")
+                        help="these rows only, written as a part of docs/crosscheck.md of its "
+                        "own (the table of every row is left as it is)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help=f"rounds (default {ROUNDS}, the peer's run; another count "
@@ -380,6 +383,8 @@ def main() -> None:
             if not seeds:
                 left_out.append(method)
                 continue
+            for s in seeds:  # where they were made, for the table's provenance line
+                record(args.out.resolve(), f"{name}-seed{s}", provenance(made_here=False))
         else:
             run_seeds(None, {**WORK, "num-server-rounds": args.rounds,
                              "data-dir": str(data_dir), "method": method, **METHODS[method]},
@@ -417,9 +422,11 @@ def main() -> None:
             print(f"[crosscheck] {method}: compared as the peer measures it: {why}")
 
     seeds = " ".join(map(str, args.seeds))
+    rows_only = ("" if set(args.methods) == set(METHODS)
+                 else " --methods " + " ".join(args.methods))
     lines = [
         f"Produced by `.venv/bin/python {SCRIPT} --data-dir <the generator's folder>"
-        + ("" if args.seeds == [0, 1, 2] else f" --seeds {seeds}")
+        + rows_only + ("" if args.seeds == [0, 1, 2] else f" --seeds {seeds}")
         + ("" if args.rounds == ROUNDS else f" --rounds {args.rounds}")
         + (" --existing" if args.existing else "")
         + f"` (ours at the seeds of the column \"our seeds\"); the peer's columns are taken "
@@ -454,13 +461,9 @@ def main() -> None:
             "pooled accuracy of the other clients:", "",
             "| method | client | HtFLlib's runs | our seeds | HtFLlib without it | "
             "ours without it |", "|---|---|---|---|---|---|", *clients] if clients else [])]
-    if set(args.methods) != set(METHODS):
-        print("\n".join(lines))
-        print(f"[reproduce] {len(args.methods)} of {len(METHODS)} rows: printed above; {DOC} "
-              "keeps its table of every row")
-        return
-    write_generated(DOC, SCRIPT, "\n".join(lines))
-    print(f"[reproduce] wrote {DOC}")
+    # Some rows only: their own part of the doc, so that the table of every row stays whole.
+    write_generated(DOC, SCRIPT + rows_only, "\n".join(lines))
+    print(f"[reproduce] wrote {DOC}" + (f" (the part of{rows_only})" if rows_only else ""))
 
 
 if __name__ == "__main__":
