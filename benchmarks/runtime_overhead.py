@@ -78,7 +78,8 @@ def settings(args: argparse.Namespace) -> dict:
     return {"dataset": "fmnist", "num-server-rounds": args.rounds,
             "max-samples-per-client": args.samples_per_client, "local-epochs": 1,
             "optimizer": "sgd", "lr": 0.01, "client-num-cpus": os.cpu_count() or 1,
-            **SETTINGS[args.setting], **({"method": args.method} if args.method else {})}
+            **SETTINGS[args.setting], **({"method": args.method} if args.method else {}),
+            "client-state": args.client_state}
 
 
 def bare(cfg) -> Iterator[tuple[float, float]]:
@@ -177,7 +178,7 @@ def one_sitting(args: argparse.Namespace, cfg) -> dict[str, float]:
     t = {}
     if not args.flwr_only:
         t = {"bare-train": 0.0, "bare": 0.0, "runtime": 0.0}
-        loops = load_config({**settings(args),
+        loops = load_config({**settings(args), "client-state": "memory",
                              "num-server-rounds": args.rounds + args.warmup_rounds})
         per_round = []
         for rnd, ((train, evaluate), r) in enumerate(zip(bare(loops), runtime(loops)), 1):
@@ -214,6 +215,10 @@ def main() -> None:
                              "client runtime without any method's own extra work)")
     parser.add_argument("--warmup-rounds", type=int, default=1,
                         help="rounds the two in-process loops run untimed first")
+    parser.add_argument("--client-state", default="memory", choices=("memory", "disk"),
+                        help="where the Flower run's clients keep their models between "
+                        "messages: in the Context that travels with every call (memory, the "
+                        "default) or in a file each (disk)")
     parser.add_argument("--timeline", action="store_true",
                         help="the Flower run records each message's way "
                         "(fedapp.runtime.timeline) and prints where it spends its seconds")
