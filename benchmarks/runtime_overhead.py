@@ -89,7 +89,8 @@ def bare(cfg) -> Iterator[tuple[float, float]]:
     data = setup.dataset(cfg)
     shards = [load_client_data(data, setup.partition_spec(cfg), k)
               for k in range(cfg.num_clients)]
-    models = [setup.new_model(cfg, arch, data.input_shape, data.num_classes, k)
+    models = [setup.new_model(cfg, arch, data.input_shape, data.num_classes,
+                              *setup.own_key(cfg, k))
               for k, arch in enumerate(setup.architectures(cfg))]
     for rnd in range(1, cfg.num_server_rounds + 1):
         train = evaluate = 0.0

@@ -78,16 +78,18 @@ def provenance(made_here: bool) -> dict[str, Any]:
             "torch": torch.__version__, "recorded_at": time.strftime("%Y-%m-%d")}
 
 
-def record(out_dir: Path, run_name: str, origin: Mapping[str, Any]) -> dict[str, Any]:
+def record(out_dir: Path, run_name: str, origin: Mapping[str, Any],
+           read: bool = True) -> dict[str, Any]:
     """The run's record: its summary with ``provenance`` (``origin`` if the run has no record
-    yet, which it is then kept as)."""
+    yet, which it is then kept as); ``read``: counted among the runs a table comes from."""
     path = record_path(out_dir, run_name)
     if not path.exists():
         summary = json.loads(finished(out_dir, run_name).read_text())
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**summary, "provenance": dict(origin)}, indent=1) + "\n")
     kept = json.loads(path.read_text())
-    READ.append(kept)
+    if read:
+        READ.append(kept)
     return kept
 
 
@@ -162,8 +164,8 @@ def run_seeds(preset: str | None, overrides: Mapping[str, Any], run_name: str,
             raise RuntimeError(f"{run_name} failed with exit status {proc.returncode}")
         print(f"[reproduce] {run_name}: {len(missing)} runs ({time.time() - start:.0f} s)",
               flush=True)
-        for s in missing:
-            record(out_dir, f"{run_name}-seed{s}", origin)
+        for s in missing:  # kept now; counted once, when run_experiment reads it below
+            record(out_dir, f"{run_name}-seed{s}", origin, read=False)
     return [run_experiment(preset, {**overrides, "seed": s}, f"{run_name}-seed{s}", out_dir)
             for s in seeds]
 

@@ -422,8 +422,9 @@ def main() -> None:
             print(f"[crosscheck] {method}: compared as the peer measures it: {why}")
 
     seeds = " ".join(map(str, args.seeds))
+    # In METHODS' order, so that the same rows always write the same part of the doc.
     rows_only = ("" if set(args.methods) == set(METHODS)
-                 else " --methods " + " ".join(args.methods))
+                 else " --methods " + " ".join(m for m in METHODS if m in args.methods))
     lines = [
         f"Produced by `.venv/bin/python {SCRIPT} --data-dir <the generator's folder>"
         + rows_only + ("" if args.seeds == [0, 1, 2] else f" --seeds {seeds}")

@@ -212,9 +212,9 @@ class FedGen(FedStrategy):
         super().__init__(*args, **kwargs)
         self.settings: FedGenSettings = self.cfg.settings
         # The global head starts as client 0's initial head (HtFLlib), so that every client
-        # starts from the same head: partition 0's model is built from its own seed key.
+        # starts from the same head: partition 0's model, from its key under model-init.
         first = setup.new_model(self.cfg, self.architectures[0], self.input_shape,
-                                self.num_classes, 0)
+                                self.num_classes, *setup.own_key(self.cfg, 0))
         self.feature_dim = first.feature_dim
         self.global_head: Payload = state_arrays(first, list(HEAD))
         s = self.settings

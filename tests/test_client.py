@@ -59,7 +59,7 @@ def test_a_private_module_starts_as_the_model_init_says(init):
 
 
 @pytest.mark.parametrize("init", ["per-client", "per-architecture", "shared"])
-def test_a_shared_model_starts_as_its_architectures_clients_under_per_architecture(init):
+def test_a_shared_model_starts_as_its_architectures_clients_unless_per_client(init):
     # FedKD's mentee is the smallest of the mix, cnn5, which client 0 trains privately.
     client_base._MODEL_CACHE.clear()
     fedkd = client("fedkd", context(0), model_init=init)

@@ -199,3 +199,13 @@ def test_label_pool_from_the_partition_sends_g_in_round_one_and_asks_for_nothing
     uploads, _ = _federation(tmp_path / "uploads")
     assert not any(k.startswith("generator.") for sent, _ in uploads.fit_round(1).values()
                    for k in sent)
+
+
+@pytest.mark.parametrize("init", ["per-client", "per-architecture", "shared"])
+def test_the_first_global_head_is_client_0s_initial_head_under_every_model_init(tmp_path, init):
+    # HtFLlib's clients all start from one head; the server's must be client 0's start as the
+    # clients build it, whatever key model-init gives a client's model.
+    fed, _ = _federation(tmp_path, model_init=init)
+    head = fed.client(0).model.head.state_dict()
+    for k, v in fed.strategy.global_head.items():
+        np.testing.assert_array_equal(v, head[k.split(".", 1)[1]].numpy())

@@ -101,6 +101,25 @@ def test_a_finished_run_is_recorded_with_where_it_was_made(tmp_path, records, mo
         (records / "scoreboard" / "c-seed0.json").read_text())["provenance"]
 
 
+def test_a_sweep_counts_each_of_its_runs_once_in_the_tables_provenance(tmp_path, records,
+                                                                       monkeypatch):
+    out = tmp_path / "scoreboard"
+
+    def fake_sweep(cmd, **kwargs):   # one `fedapp run --sweep seed=0,1`: both runs' folders
+        name = cmd[cmd.index("--set") + 1].split("=", 1)[1].strip('"')
+        for seed in cmd[-1].split("=", 1)[1].split(","):
+            (out / f"{name}-seed{seed}").mkdir(parents=True)
+            (out / f"{name}-seed{seed}" / "summary.json").write_text("{}")
+        return common.subprocess.CompletedProcess(cmd, 0, "")
+
+    monkeypatch.setattr(common, "provenance", lambda made_here: {"commit": "abcdef1"})
+    monkeypatch.setattr(common.subprocess, "run", fake_sweep)
+    common.run_seeds(None, {}, "d", [0, 1], out)
+    assert len(common.READ) == 2
+    assert "This script's 2 runs were made at commits abcdef1 (2)" in common.provenance_line(
+        common.READ)
+
+
 def test_a_table_says_where_its_runs_were_made():
     here = {"commit": "199b52b8656a", "dirty": False, "cpu": "AMD EPYC",
             "cpu_capability": "AVX512", "torch": "2.14.1"}

@@ -55,6 +55,13 @@ def model_init_seed(cfg: RunConfig, arch: str, *seed_parts: int | str) -> int:
     return derive_seed(cfg.seed, "model-init", *own_arch, *seed_parts)
 
 
+def own_key(cfg: RunConfig, partition_id: int) -> tuple[int, ...]:
+    """The part of a client's initial-weights key that is its own: its partition id under
+    ``model-init = "per-client"``, nothing under ``"per-architecture"`` and ``"shared"`` (its
+    weights are then those of every client of its architecture)."""
+    return (partition_id,) if cfg.model_init == "per-client" else ()
+
+
 def new_model(cfg: RunConfig, arch: str, input_shape: tuple[int, int, int], num_classes: int,
               *seed_parts: int | str) -> HeteroModel:
     """A freshly initialised model; its weights depend only on ``(seed, arch, *seed_parts)``

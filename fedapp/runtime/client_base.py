@@ -232,9 +232,8 @@ class FedClient(NumPyClient):
         if model is None or (cached_version != version and MODEL_STATE_KEY not in state):
             # From the run config alone: a node with its own data-dir need not hold the
             # shared dataset to build its model.
-            own = (self.partition_id,) if self.cfg.model_init == "per-client" else ()
             model = setup.new_model(self.cfg, self.arch, *expected_input(self.cfg),
-                                    *own).to(self.device)
+                                    *setup.own_key(self.cfg, self.partition_id)).to(self.device)
             cached_version = 0
         if cached_version != version:
             model.load_state_dict(state[MODEL_STATE_KEY].to_torch_state_dict())

@@ -1,7 +1,9 @@
-"""Where a deployed message's seconds go: timestamps from every process on its way, for the
-benchmarks (``benchmarks/deployed_round.py``), off unless ``FEDAPP_TIMELINE`` names a folder.
+"""Where a message's seconds go: timestamps from every process on its way, for the benchmarks
+(a deployment: ``benchmarks/deployed_round.py``; a simulation:
+``benchmarks/runtime_overhead.py --timeline``), off unless ``FEDAPP_TIMELINE`` names a folder.
 
-Three kinds of line, all on this machine's wall clock (a loopback deployment: one clock):
+Four kinds of line, all on this machine's wall clock (a loopback deployment or a simulation:
+one clock):
 
 - ``server``: the ServerApp's synchronous driver pushed message ``id`` at ``pushed`` and had its
   reply at ``replied`` (``fedapp.loops.grid_io.PromptGrid``);
@@ -89,7 +91,7 @@ PHASES = [("to the SuperNode (SuperLink, the node's poll)", "server.pushed",
 # The same in a simulation, where a message goes from the link state to the engine's queue,
 # to a Ray actor with the node's Context, and back.
 SIMULATED_PHASES = [
-    ("to the ClientApp (link state, the engine's queue and worker, Ray, the Context)",
+    ("to the ClientApp (link state, the engine's queue and worker, Ray, the Context, the app)",
      "server.pushed", "handler.entered"),
     ("handle the message (the client: model, training or evaluation, payload)",
      "handler.entered", "handler.left"),
@@ -110,10 +112,9 @@ def phases(lines: list[dict[str, Any]], last: int | None = None,
             marks = by_id.setdefault(line["id"], {})
             marks.update({f"{line['kind']}.{k}": v for k, v in line.items()
                           if k not in ("kind", "id")})
-    servers = sorted((x for x in lines if x["kind"] == "server"), key=lambda x: x["pushed"])
     needed = {mark for _, start, end in way for mark in (start, end)}
     out = []
-    for server in servers[-last if last else 0:]:
+    for server in _last_pushed(lines, last):
         marks = by_id[server["id"]]
         if not needed <= set(marks):
             continue
@@ -128,9 +129,11 @@ def handover_gaps(lines: list[dict[str, Any]], last: int | None = None) -> list[
     back one message and starting the next one, which was already waiting: what the engine
     costs per message (the reply's way back through Ray, the Context's update, the next
     message and Context through Ray to the actor) while the round waits for it. Over the
-    server's last ``last`` messages (all if None)."""
-    servers = sorted((x for x in lines if x["kind"] == "server"), key=lambda x: x["pushed"])
-    pushed = {x["id"]: x["pushed"] for x in servers[-last if last else 0:]}
+    server's last ``last`` messages (all if None). Two things can widen a gap: a message pushed
+    shortly before the previous one was handed back may still wait for the engine's next
+    sweep of the link state (every 0.1 s), and a message whose handling raised leaves no
+    mark, so the gap around it holds its handling."""
+    pushed = {x["id"]: x["pushed"] for x in _last_pushed(lines, last)}
     by_process: dict[int, list[dict[str, Any]]] = {}
     for x in lines:
         if x["kind"] == "handler" and x["id"] in pushed:
@@ -143,10 +146,17 @@ def handover_gaps(lines: list[dict[str, Any]], last: int | None = None) -> list[
     return gaps
 
 
+def _last_pushed(lines: list[dict[str, Any]], last: int | None) -> list[dict[str, Any]]:
+    """The server's lines of its last ``last`` pushed messages (all if None), oldest first."""
+    servers = sorted((x for x in lines if x["kind"] == "server"), key=lambda x: x["pushed"])
+    return servers[-last if last else 0:]
+
+
 def breakdown(folder: Path, last: int, way: list[tuple[str, str, str]] = PHASES) -> list[str]:
     """Markdown rows: each phase of ``way`` over the ``last`` messages (median and range)."""
     import numpy as np
-    rows = phases(read(folder), last=last, way=way)
+    lines = read(folder)
+    rows = phases(lines, last=last, way=way)
     if not rows:
         return ["(no message was recorded by every process on its way)"]
     out = [f"Where a message of a later round spends its seconds ({len(rows)} messages: "
@@ -154,7 +164,7 @@ def breakdown(folder: Path, last: int, way: list[tuple[str, str, str]] = PHASES)
     for name in [p[0] for p in way] + ["total"]:
         v = np.array([r[name] for r in rows])
         out.append(f"| {name} | {np.median(v):.3f} ({v.min():.3f}-{v.max():.3f}) |")
-    if way is SIMULATED_PHASES and (gaps := handover_gaps(read(folder), last)):
+    if way is SIMULATED_PHASES and (gaps := handover_gaps(lines, last)):
         v = np.array(gaps)
         out += ["", f"Between two messages on one actor, the next one waiting (the engine's "
                 f"cost per message): {np.median(v):.3f} s median ({v.min():.3f}-{v.max():.3f}), "

@@ -163,7 +163,7 @@ class TwoModelClient(FedClient):
         re-seeds torch before building them, so FedKD's W_h and FedMRL's projector start alike
         in all its clients)."""
         built = {}
-        own = (self.partition_id,) if self.cfg.model_init == "per-client" else ()
+        own = setup.own_key(self.cfg, self.partition_id)
         for name, make in self.private_modules().items():
             with isolated_rng(derive_seed(self.cfg.seed, "model-init", name, *own)):
                 module = make().to(self.device)
