@@ -140,12 +140,15 @@ def runtime(cfg) -> Iterator[float]:
         yield time.perf_counter() - start
 
 
-def full_run(args: argparse.Namespace) -> tuple[float, float, float, float, float]:
-    """(end-to-end seconds of `fedapp run`, the ServerApp's own wall_seconds, the mean wall
-    seconds of its rounds after the first, the clients' own compute in them (the seconds
-    their fit and evaluate took inside the actors, summed over the round's clients), and the
-    strategy's own work in them (``server_seconds``: its four calls of a round)). With
-    ``--timeline`` it also prints where a message of the later rounds spends its seconds."""
+def full_run(args: argparse.Namespace) -> dict[str, float]:
+    """Seconds of `fedapp run`: end to end, the ServerApp's own wall_seconds, the mean wall
+    seconds of its rounds after the first (``round``), the clients' own compute in them (the
+    seconds their fit's training and their evaluation took inside the actors, summed over the
+    round's clients), and the strategy's own work in them (``server_seconds``: its four calls
+    of a round). With ``--timeline`` also the ClientApp's whole handling of the round's
+    messages (``round-handled``: the clients' compute, the method's other client work such as
+    FedGH's class means, the model's restore and save, the payloads), and it prints where a
+    message of the later rounds spends its seconds."""
     out = Path(tempfile.mkdtemp(prefix="fedapp-bench-"))
     sets = [f"--set={k}={json.dumps(v) if isinstance(v, str) else v}"
             for k, v in settings(args).items()]
@@ -160,13 +163,16 @@ def full_run(args: argparse.Namespace) -> tuple[float, float, float, float, floa
     rounds = [json.loads(line)
               for line in (out / "bench" / "rounds.jsonl").read_text().splitlines()]
     later = rounds[1:] or rounds
+    t = {"end-to-end": end_to_end, "server": summary["wall_seconds"],
+         **{name: sum(r[key] for r in later) / len(later)
+            for name, key in (("round", "seconds"), ("round-clients", "client_seconds"),
+                              ("round-strategy", "server_seconds"))}}
     if args.timeline:
-        messages = sum(r["clients_fit"] + len(r.get("evaluated") or []) for r in rounds[1:])
+        messages = sum(r["clients_fit"] + len(r.get("evaluated") or []) for r in later)
         print("\n".join(timeline.breakdown(trace, last=messages,
                                            way=timeline.SIMULATED_PHASES)), flush=True)
-    return (end_to_end, summary["wall_seconds"],
-            *(sum(r[key] for r in later) / len(later)
-              for key in ("seconds", "client_seconds", "server_seconds")))
+        t["round-handled"] = timeline.handled_seconds(timeline.read(trace), messages) / len(later)
+    return t
 
 
 def one_sitting(args: argparse.Namespace, cfg) -> dict[str, float]:
@@ -192,8 +198,7 @@ def one_sitting(args: argparse.Namespace, cfg) -> dict[str, float]:
         print("seconds per round, bare / client runtime (the first "
               f"{args.warmup_rounds} untimed): " + ", ".join(per_round), flush=True)
     if not args.skip_flwr:
-        (t["end-to-end"], t["server"], t["round"], t["round-clients"],
-         t["round-strategy"]) = full_run(args)
+        t.update(full_run(args))
     return t
 
 
@@ -241,6 +246,8 @@ def main() -> None:
             ("flwr run (ServerApp)", "server", 1),
             ("flwr run (end to end)", "end-to-end", 1),
             ("flwr run, one round after the first", "round", rounds),
+            ("  of it the ClientApp handling its messages (--timeline)", "round-handled",
+             rounds),
             ("  of it the clients' own compute (inside the actors)", "round-clients", rounds),
             ("  of it the strategy's own work (configure, aggregate)", "round-strategy",
              rounds)]

@@ -139,3 +139,5 @@ def test_handover_gaps_count_an_actors_idle_time_while_the_next_message_waits():
               {"kind": "handler", "id": "other", "entered": 1.1, "left": 1.4, "pid": 2}]
     assert timeline.handover_gaps(lines) == pytest.approx([0.2, 0.5])
     assert timeline.handover_gaps(lines, last=2) == []   # "late" and "other": one each
+    assert timeline.handled_seconds(lines) == pytest.approx(0.9 + 0.8 + 0.5 + 0.4 + 0.3)
+    assert timeline.handled_seconds(lines, last=2) == pytest.approx(0.4 + 0.3)

@@ -146,6 +146,14 @@ def handover_gaps(lines: list[dict[str, Any]], last: int | None = None) -> list[
     return gaps
 
 
+def handled_seconds(lines: list[dict[str, Any]], last: int | None = None) -> float:
+    """The seconds the ClientApps spent handling the server's last ``last`` messages (all if
+    None), summed."""
+    ids = {x["id"] for x in _last_pushed(lines, last)}
+    return sum(x["left"] - x["entered"] for x in lines
+               if x["kind"] == "handler" and x["id"] in ids)
+
+
 def _last_pushed(lines: list[dict[str, Any]], last: int | None) -> list[dict[str, Any]]:
     """The server's lines of its last ``last`` pushed messages (all if None), oldest first."""
     servers = sorted((x for x in lines if x["kind"] == "server"), key=lambda x: x["pushed"])
