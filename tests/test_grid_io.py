@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -39,20 +41,67 @@ def test_waits_briefly_then_backs_off_and_returns_every_reply(sleeps):
     replies = PromptGrid(grid).send_and_receive(["a", "b", "c"])
     assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1", "m2"]
     assert grid.pulls == 12  # stops at the pull that brought the last reply
-    # Flower's HTTP grid sleeps 3 s between pulls; this starts at 0.05 s, grows by 1.5x and
-    # never waits more than 0.25 s.
+    # Flower's HTTP grid sleeps 3 s between pulls; this looks 0.05 s after the push, waits
+    # 1.5x longer each time and never more than 0.1 s.
     assert sleeps[0] == pytest.approx(0.05)
-    assert all(b == pytest.approx(min(a * 1.5, 0.25)) for a, b in zip(sleeps, sleeps[1:]))
-    assert max(sleeps) == 0.25 and len(sleeps) == 11
+    assert all(b == pytest.approx(min(a * 1.5, 0.1)) for a, b in zip(sleeps, sleeps[1:]))
+    assert max(sleeps) == 0.1 and len(sleeps) == 12
 
 
-def test_a_timeout_returns_the_replies_that_came(sleeps, monkeypatch):
-    clock = iter(range(100))
-    monkeypatch.setattr(grid_io.time, "monotonic", lambda: float(next(clock)))
-    grid = FakeGrid(arrive_at=[1, 50])
-    replies = PromptGrid(grid).send_and_receive(["a", "b"], timeout=3.0)
+def test_a_timeout_returns_the_replies_that_came_and_stops_looking():
+    grid = FakeGrid(arrive_at=[1, 10**9])
+    prompt = PromptGrid(grid)
+    replies = prompt.send_and_receive(["a", "b"], timeout=0.3)
     assert [r.metadata.reply_to_message_id for r in replies] == ["m0"]
-    assert grid.pulls < 50
+    pulls = grid.pulls
+    time.sleep(0.3)
+    assert grid.pulls <= pulls + 1 and prompt._poller is None   # m1 is not pulled any more
+
+
+def test_a_failed_pull_is_raised_by_every_waiting_call():
+    class Broken(FakeGrid):
+        def pull_messages(self, ids):
+            raise ConnectionError("SuperLink gone")
+
+    with pytest.raises(ConnectionError, match="SuperLink gone"):
+        PromptGrid(Broken(arrive_at=[1])).send_and_receive(["a"])
+
+
+def test_one_poller_pulls_for_every_waiting_call_and_hands_each_its_reply():
+    # Flower's driver awaits each client's reply from a thread of its own: one look at the
+    # SuperLink serves them all, however many wait.
+    class Grid:
+        def __init__(self):
+            self.lock, self.count, self.pulls = threading.Lock(), 0, []
+
+        def push_messages(self, messages):
+            with self.lock:
+                self.count += 1
+                return [f"m{self.count}"]
+
+        def pull_messages(self, ids):
+            self.pulls.append((threading.get_ident(), len(ids)))
+            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i))
+                    for i in ids if len(self.pulls) >= 3]   # every reply on the third look
+
+    grid, calls = Grid(), 30
+    prompt = PromptGrid(grid)
+    barrier, got = threading.Barrier(calls), {}
+
+    def client(k):
+        barrier.wait()
+        got[k] = [r.metadata.reply_to_message_id for r in prompt.send_and_receive([k])]
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(m for replies in got.values() for m in replies) == sorted(
+        f"m{k}" for k in range(1, calls + 1))
+    assert all(len(replies) == 1 for replies in got.values())
+    assert len({ident for ident, _ in grid.pulls}) == 1      # one poller thread
+    assert len(grid.pulls) < calls                           # not a pull per waiting call
 
 
 def test_everything_else_is_the_grids_own():
