@@ -90,7 +90,8 @@ class PromptGrid:
 
     def send_and_receive(self, messages, *, timeout: float | None = None) -> list[Message]:
         # Flower's semantics: no timeout = wait for every reply; otherwise return what came.
-        call = _Call(list(self._grid.push_messages(messages)), timeline.now())
+        pushed = timeline.now()
+        call = _Call(list(self._grid.push_messages(messages)), pushed)
         if not call.pending:
             return []
         with self._lock:
