@@ -146,7 +146,8 @@ METHODS["fedkd-htfllib-codec"] = {"method": "fedkd", **METHODS["fedkd"], "fedkd.
 # (every first convolution alike; c1's Linear 4608 -> 512 is the first rows of c1-1024's, ...)
 # and FedKD's mentee (c1) equals the clients of c1 and begins as c1-512, c1-1024, c1-1024-512.
 # Paired with the Local of the same start (``local_of``).
-for _method in ("standalone", "fedkd", "fedl2g"):
+SHARED_START = ("standalone", "fedkd", "fedl2g")
+for _method in SHARED_START:
     METHODS[f"{_method}-shared-start"] = {"method": _method, **METHODS[_method],
                                           "model-init": "shared"}
 # Where HtFLlib measures something else than our headline, the variant that measures what it
@@ -243,7 +244,7 @@ PEER["fedtgp-one-server-seed"] = PEER["fedtgp"]
 PEER["fedgen-shared-init"] = PEER["fedgen-startup-labels"] = PEER["fedgen"]
 PEER["fedkd-htfllib-codec"] = PEER["fedkd-shared-init"] = PEER["fedkd"]
 PEER["fedl2g-shared-init"] = PEER["fedl2g-htfllib-guide"] = PEER["fedl2g"]
-for _method in ("standalone", "fedkd", "fedl2g"):
+for _method in SHARED_START:
     PEER[f"{_method}-shared-start"] = PEER[_method]
 
 
@@ -373,27 +374,26 @@ def main() -> None:
         raise SystemExit(f"{data_dir} has no config.json: give the folder PFLlib's generator "
                          "wrote (docs/crosscheck.md says how to make it)")
 
-    sizes = test_sizes(data_dir)
+    sizes, out = test_sizes(data_dir), args.out.resolve()
     rows, curves, clients, pairs, left_out = [], [], [], [], []
     for method in args.methods:
         name = f"{method}-{args.rounds}-rounds"
         seeds = args.seeds
         if args.existing:
-            seeds = [s for s in seeds if finished(args.out.resolve(), f"{name}-seed{s}")]
+            seeds = [s for s in seeds if finished(out, f"{name}-seed{s}")]
             if not seeds:
                 left_out.append(method)
                 continue
             for s in seeds:  # where they were made, for the table's provenance line
-                record(args.out.resolve(), f"{name}-seed{s}", provenance(made_here=False))
+                record(out, f"{name}-seed{s}", provenance(made_here=False))
         else:
             run_seeds(None, {**WORK, "num-server-rounds": args.rounds,
                              "data-dir": str(data_dir), "method": method, **METHODS[method]},
-                      name, seeds, args.out.resolve())
+                      name, seeds, out)
         runs = [f"{name}-seed{s}" for s in seeds]
-        ours = [measures(args.out.resolve(), r, None, sizes) for r in runs]
+        ours = [measures(out, r, None, sizes) for r in runs]
         variant, why = VARIANT.get(method, (None, ""))
-        as_peer = ([measures(args.out.resolve(), r, variant, sizes) for r in runs] if variant
-                   else ours)
+        as_peer = [measures(out, r, variant, sizes) for r in runs] if variant else ours
         peer = PEER.get(method) if args.rounds == ROUNDS else None
         peer_last = peer["last"] if peer else []
         p_mean, p_std = mean_std(peer_last) if peer_last else (float("nan"), float("nan"))
@@ -416,7 +416,7 @@ def main() -> None:
             clients.append(one_client(method, peer, as_peer))
         # A row pairs with the Local that starts as it does, where there is one.
         if peer and local_of(method) not in (None, method) \
-                and (row := paired(method, peer, as_peer, seeds, args.out.resolve(), sizes)):
+                and (row := paired(method, peer, as_peer, seeds, out, sizes)):
             pairs.append(row)
         if why:
             print(f"[crosscheck] {method}: compared as the peer measures it: {why}")
