@@ -20,9 +20,32 @@ def test_sleep_is_capped_and_everything_else_is_time_s_own(monkeypatch):
     assert capped.time is time.time and capped.monotonic is time.monotonic
 
 
+def test_after_a_message_the_node_looks_sooner_then_backs_off_to_the_poll(monkeypatch):
+    # The loop as Flower 1.41 runs it: receive (a run id, or None when nothing came), and
+    # after nothing, time.sleep(3). Our wrapper of the receiving step shortens the waits that
+    # follow a message; an idle node's waits stay the poll.
+    from flwr.supernode import start_client_internal as loop
+    slept = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    inbox = iter([None, None, 7, None, None, None, None, None, None, 8, None])
+    monkeypatch.setattr(loop, "_pull_and_store_message", lambda **kwargs: next(inbox))
+    sleeper = prompt_supernode.CappedSleep(0.5)
+    prompt_supernode.look_sooner_after_a_message(loop, sleeper)
+    for _ in range(11):
+        if loop._pull_and_store_message(receive=None) is None:
+            sleeper.sleep(3)
+    assert slept == [0.5, 0.5,                      # idle: the poll
+                     0.05, 0.1, 0.2, 0.4, 0.5, 0.5,  # after message 7: soon, backing off
+                     0.05]                           # after message 8: soon again
+    sleeper.sleep(0.5)  # a wait on the node's own state is a tenth of the poll, as before
+    assert slept[-1] == 0.05 and sleeper.next_look == 0.1
+
+
 def test_install_caps_the_supernode_loop_of_this_flower_release(monkeypatch):
     from flwr.supernode import start_client_internal
     monkeypatch.setattr(start_client_internal, "time", time)   # undone after the test
+    monkeypatch.setattr(start_client_internal, "_pull_and_store_message",
+                        start_client_internal._pull_and_store_message)
     assert prompt_supernode.install(0.25)
     assert isinstance(start_client_internal.time, prompt_supernode.CappedSleep)
     assert start_client_internal.time.cap == 0.25
