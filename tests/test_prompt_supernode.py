@@ -30,15 +30,52 @@ def test_after_a_message_the_node_looks_sooner_then_backs_off_to_the_poll(monkey
     inbox = iter([None, None, 7, None, None, None, None, None, None, 8, None])
     monkeypatch.setattr(loop, "_pull_and_store_message", lambda **kwargs: next(inbox))
     sleeper = prompt_supernode.CappedSleep(0.5)
-    prompt_supernode.look_sooner_after_a_message(loop, sleeper)
+    prompt_supernode.prompt_receiving(loop, sleeper)
     for _ in range(11):
-        if loop._pull_and_store_message(receive=None) is None:
+        if loop._pull_and_store_message(object_store=None, pull_object=None) is None:
             sleeper.sleep(3)
     assert slept == [0.5, 0.5,                      # idle: the poll
                      0.05, 0.1, 0.2, 0.4, 0.5, 0.5,  # after message 7: soon, backing off
                      0.05]                           # after message 8: soon again
     sleeper.sleep(0.5)  # a wait on the node's own state is a tenth of the poll, as before
     assert slept[-1] == 0.05 and sleeper.next_look == 0.1
+
+
+def test_a_message_s_objects_are_stored_as_they_arrive(monkeypatch):
+    # Flower's receiving step pulls every object, then puts them all into the node's store;
+    # wrapped, each is in the store as soon as it is pulled, where the node's ClientApp,
+    # already started, finds it; Flower's own puts that follow find them there.
+    import hashlib
+
+    from flwr.proto.message_pb2 import ObjectTree
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supernode import start_client_internal as loop
+    store = ObjectStoreFactory().store()  # the SuperNode's own kind of store
+    store.verify = False                  # the contents below are not Flower-encoded
+    content = {hashlib.sha256(c).hexdigest(): c for c in (b"message", b"record", b"array")}
+    ids = list(content)
+    store.preregister(3, ObjectTree(object_id=ids[0], children=[
+        ObjectTree(object_id=ids[1], children=[ObjectTree(object_id=ids[2])])]))
+    seen_by_the_clientapp = []
+
+    def receive_step(object_store, pull_object):  # Flower's order: pull every object, then put
+        pulled = {}
+        for oid in ids:
+            seen_by_the_clientapp.append([object_store.get(o) for o in ids])
+            pulled[oid] = pull_object(3, oid)
+        for oid, data in pulled.items():
+            object_store.put(oid, data)  # already there: returns
+        return 3
+    monkeypatch.setattr(loop, "_pull_and_store_message", receive_step)
+    prompt_supernode.prompt_receiving(loop, prompt_supernode.CappedSleep(0.5))
+    asked = []
+    assert loop._pull_and_store_message(
+        object_store=store, pull_object=lambda run, oid: asked.append(run) or content[oid]) == 3
+    assert asked == [3, 3, 3]
+    # Before each pull, the earlier objects are already in the store.
+    assert seen_by_the_clientapp == [[b"", b"", b""], [b"message", b"", b""],
+                                     [b"message", b"record", b""]]
+    assert [store.get(o) for o in ids] == [b"message", b"record", b"array"]
 
 
 def test_install_caps_the_supernode_loop_of_this_flower_release(monkeypatch):
@@ -54,6 +91,7 @@ def test_install_caps_the_supernode_loop_of_this_flower_release(monkeypatch):
     import inspect
     source = inspect.getsource(start_client_internal)
     assert "time.sleep(3)" in source and "time.sleep(0.5)" in source
+    assert "pull_object_fn=lambda obj_id: pull_object(run_id, obj_id)" in source
 
 
 def test_a_bad_poll_is_refused_with_its_name():
@@ -131,3 +169,26 @@ def test_an_object_late_by_many_tries_is_still_pulled_with_waits_capped(monkeypa
     assert inflatable_utils.pull_objects(["a"], pull) == {"a": b"content"}
     assert len(asked) == 601
     assert waits[:3] == [0.05, 0.1, 0.1] and max(waits) == 0.1 and len(waits) == 600
+
+
+def test_a_forked_clientapp_asks_its_own_node_again_sooner(monkeypatch, pulls):
+    # The forking SuperExec's ClientApps pull from their own SuperNode, not the SuperLink:
+    # 0.01 s, doubling to 0.02 s, unless the environment says otherwise.
+    import sys
+
+    import flwr.supercore.cli
+    from flwr.supercore.superexec import run_superexec
+
+    from fedapp.cli import warm_superexec
+    from fedapp.runtime import object_pulls
+    monkeypatch.setattr(run_superexec, "get_executor", run_superexec.get_executor)
+    monkeypatch.setattr(warm_superexec, "preload", lambda: None)
+    monkeypatch.setattr(flwr.supercore.cli, "flower_superexec", lambda: None)
+    monkeypatch.setattr(sys, "argv", ["warm_superexec"])
+    monkeypatch.setenv(warm_superexec.POLL_ENV, "0.05")
+    warm_superexec.main()
+    assert [(fn.__kwdefaults__["initial_backoff"], fn.__kwdefaults__["backoff_cap"])
+            for fn in pulls] == [(0.01, 0.02)] * 2
+    monkeypatch.setenv(object_pulls.CAP_ENV, "0.5")
+    warm_superexec.main()
+    assert [fn.__kwdefaults__["backoff_cap"] for fn in pulls] == [0.5, 0.5]

@@ -17,7 +17,9 @@ After a message, the node looks for the next one sooner: a tenth of the poll, do
 the poll (0.05, 0.1, 0.2, 0.4, 0.5 s). A synchronous round's next message (evaluate after
 train, the next round's train) comes a fraction of a second after the node's reply, just after
 the node's first look found nothing, so a steady poll made it wait nearly a whole poll; the
-backoff adds about four looks after each message and none to an idle node.
+backoff adds about four looks after each message and none to an idle node. And each of a
+message's objects goes into the node's store as it arrives (Flower stores them once all have),
+so the node's ClientApp, already started, takes the first ones while the others travel.
 Likewise a message's objects that are not there yet are asked for again after 0.05 s, not 1 s
 (:func:`prompt_object_pulls`, here and in the node's ClientApps and a deployed ServerApp).
 Other Flower releases run unchanged: the module's waits are 1.41's.
@@ -78,7 +80,7 @@ def install(cap: float) -> bool:
     if flwr.__version__ != VERSION:
         return False
     sleeper = start_client_internal.time = CappedSleep(cap)
-    look_sooner_after_a_message(start_client_internal, sleeper)
+    prompt_receiving(start_client_internal, sleeper)
     prompt_object_pulls()
     from fedapp.runtime import timeline
     if timeline.enabled():
@@ -86,14 +88,22 @@ def install(cap: float) -> bool:
     return True
 
 
-def look_sooner_after_a_message(loop, sleeper: CappedSleep) -> None:
-    """Tell ``sleeper`` whenever the loop's receiving step (Flower 1.41's
-    ``_pull_and_store_message``, which returns the run's id when it stored a message and None
-    when there was none) received a message."""
+def prompt_receiving(loop, sleeper: CappedSleep) -> None:
+    """Wrap the loop's receiving step (Flower 1.41's ``_pull_and_store_message``, called with
+    keywords; it returns the run's id when it stored a message, None when there was none):
+    each object it pulls is put into the node's store at once (Flower puts them again after
+    the last; a put of an object already there returns), and ``sleeper`` hears of each
+    message received."""
     receive_step = loop._pull_and_store_message
 
     def pull_and_store(**kwargs):
-        run_id = receive_step(**kwargs)
+        store, pull = kwargs["object_store"], kwargs["pull_object"]
+
+        def pull_and_put(run_id: int, object_id: str) -> bytes:
+            content = pull(run_id, object_id)
+            store.put(object_id, content)
+            return content
+        run_id = receive_step(**{**kwargs, "pull_object": pull_and_put})
         if run_id is not None:
             sleeper.message_received()
         return run_id

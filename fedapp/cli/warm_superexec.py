@@ -229,8 +229,9 @@ def main() -> None:
     os.environ.setdefault(POLL_ENV, POLL_SECONDS)
     if install():
         preload()
-        from fedapp.runtime.object_pulls import prompt_object_pulls
-        prompt_object_pulls()
+        from fedapp.runtime.object_pulls import (NODE_LOCAL_CAP_SECONDS,
+                                                 NODE_LOCAL_PULL_SECONDS, prompt_object_pulls)
+        prompt_object_pulls(NODE_LOCAL_PULL_SECONDS, NODE_LOCAL_CAP_SECONDS)
     else:
         import flwr
         print(f"fedapp: flwr {flwr.__version__} is not {VERSION}; its own SuperExec starts "

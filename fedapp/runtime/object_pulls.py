@@ -12,15 +12,20 @@ PULL_ENV = "FEDAPP_OBJECT_PULL_SECONDS"
 DEFAULT_PULL_SECONDS = 0.05
 CAP_ENV = "FEDAPP_OBJECT_PULL_CAP_SECONDS"
 DEFAULT_CAP_SECONDS = 0.1
+# A ClientApp asks its own SuperNode, on the same machine, whose answer costs no SuperLink
+# traffic: it asks again sooner.
+NODE_LOCAL_PULL_SECONDS, NODE_LOCAL_CAP_SECONDS = 0.01, 0.02
 
 
-def prompt_object_pulls() -> bool:
+def prompt_object_pulls(first_wait: float = DEFAULT_PULL_SECONDS,
+                        cap: float = DEFAULT_CAP_SECONDS) -> bool:
     """Retry a message's missing objects sooner, in this process (a SuperNode, its ClientApps,
     a deployed ServerApp). Flower 1.41 sends a message, then its objects (its arrays): a
     receiver that asks between the two finds an object missing and waits 1 s before it asks
     again (``pull_objects``' first backoff), then 2, 4... This makes the first wait
-    ``FEDAPP_OBJECT_PULL_SECONDS`` (default 0.05 s; 1 is Flower's), doubling as Flower's does
-    up to ``FEDAPP_OBJECT_PULL_CAP_SECONDS`` (default 0.1 s; Flower's is 10): doubling
+    ``FEDAPP_OBJECT_PULL_SECONDS`` (default ``first_wait``, 0.05 s; 1 is Flower's), doubling as
+    Flower's does up to ``FEDAPP_OBJECT_PULL_CAP_SECONDS`` (default ``cap``, 0.1 s; Flower's is
+    10; a forked ClientApp's defaults are 0.01 and 0.02 s, as it asks its own node): doubling
     unbounded, an object that came at 0.36 s is found at 0.75 s, capped at 0.1 s at 0.45 s.
     Flower also gives up on an object after 500 tries, which at a short cap would be under a
     minute of a slow upload: the tries are left unbounded, and Flower's limit in time (2 h)
@@ -31,8 +36,8 @@ def prompt_object_pulls() -> bool:
 
     if flwr.__version__ != VERSION:
         return False
-    first_wait = positive_seconds(os.environ.get(PULL_ENV), PULL_ENV, DEFAULT_PULL_SECONDS)
-    cap = positive_seconds(os.environ.get(CAP_ENV), CAP_ENV, DEFAULT_CAP_SECONDS)
+    first_wait = positive_seconds(os.environ.get(PULL_ENV), PULL_ENV, first_wait)
+    cap = positive_seconds(os.environ.get(CAP_ENV), CAP_ENV, cap)
     for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
         fn.__kwdefaults__.update(initial_backoff=first_wait, backoff_cap=max(cap, first_wait),
                                  max_tries_per_object=None)
