@@ -41,41 +41,75 @@ def test_after_a_message_the_node_looks_sooner_then_backs_off_to_the_poll(monkey
     assert slept[-1] == 0.05 and sleeper.next_look == 0.1
 
 
-def test_a_message_s_objects_are_stored_as_they_arrive(monkeypatch):
-    # Flower's receiving step pulls every object, then puts them all into the node's store;
-    # wrapped, each is in the store as soon as it is pulled, where the node's ClientApp,
-    # already started, finds it; Flower's own puts that follow find them there.
-    import hashlib
-
-    from flwr.proto.message_pb2 import ObjectTree
-    from flwr.supercore.object_store import ObjectStoreFactory
+@pytest.fixture
+def receiving(monkeypatch):
+    """Flower 1.41's own receiving step, run on a real node state and object store with a
+    message of two arrays, as the loop calls it; returns ``receive(store_class, wrapped)`` ->
+    (the step's run id, for each pull how many of the message's objects were in the store
+    already, the message's object count). Put back after the test: the task identity, the step."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord, Message, RecordDict
+    from flwr.supercore.inflatable.inflatable_object import (get_all_nested_objects,
+                                                             get_object_tree)
+    from flwr.supercore.object_store.in_memory_object_store import InMemoryObjectStore
+    from flwr.supercore.run import Run
+    from flwr.supercore.task_identity import TaskIdentity
     from flwr.supernode import start_client_internal as loop
-    store = ObjectStoreFactory().store()  # the SuperNode's own kind of store
-    store.verify = False                  # the contents below are not Flower-encoded
-    content = {hashlib.sha256(c).hexdigest(): c for c in (b"message", b"record", b"array")}
-    ids = list(content)
-    store.preregister(3, ObjectTree(object_id=ids[0], children=[
-        ObjectTree(object_id=ids[1], children=[ObjectTree(object_id=ids[2])])]))
-    seen_by_the_clientapp = []
+    from flwr.supernode.nodestate import NodeStateFactory
 
-    def receive_step(object_store, pull_object):  # Flower's order: pull every object, then put
-        pulled = {}
-        for oid in ids:
-            seen_by_the_clientapp.append([object_store.get(o) for o in ids])
-            pulled[oid] = pull_object(3, oid)
-        for oid, data in pulled.items():
-            object_store.put(oid, data)  # already there: returns
-        return 3
-    monkeypatch.setattr(loop, "_pull_and_store_message", receive_step)
-    prompt_supernode.prompt_receiving(loop, prompt_supernode.CappedSleep(0.5))
-    asked = []
-    assert loop._pull_and_store_message(
-        object_store=store, pull_object=lambda run, oid: asked.append(run) or content[oid]) == 3
-    assert asked == [3, 3, 3]
-    # Before each pull, the earlier objects are already in the store.
-    assert seen_by_the_clientapp == [[b"", b"", b""], [b"message", b"", b""],
-                                     [b"message", b"record", b""]]
-    assert [store.get(o) for o in ids] == [b"message", b"record", b"array"]
+    for name, value in (("_run_id", 7), ("_node_id", 1), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+    monkeypatch.setattr(loop, "_pull_and_store_message", loop._pull_and_store_message)
+    message = Message(RecordDict({"arrays": ArrayRecord({"w": Array(np.arange(4.0)),
+                                                         "b": Array(np.ones(2))})}),
+                      dst_node_id=5, message_type="train")
+    objects, tree = get_all_nested_objects(message), get_object_tree(message)
+
+    def receive(store_class: type[InMemoryObjectStore], wrapped: bool):
+        store = store_class()
+        state = NodeStateFactory(type("Stores", (), {"store": lambda self: store})()).state()
+        state.store_run(Run.create_empty(7))
+        if wrapped:
+            prompt_supernode.prompt_receiving(loop, prompt_supernode.CappedSleep(0.5))
+        there_before = []
+
+        def pull_object(run_id: int, object_id: str) -> bytes:
+            there_before.append(sum(bool(store.get(o)) for o in objects))
+            return objects[object_id].deflate()
+        run_id = loop._pull_and_store_message(
+            state=state, object_store=store, node_config={}, receive=lambda: (message, tree),
+            get_run=None, get_fab=None, pull_object=pull_object,
+            confirm_message_received=lambda run_id, message_id: None, trusted_entities=None)
+        return run_id, there_before, len(objects)
+    receive.objects, receive.root = list(objects), tree.object_id
+    return receive
+
+
+def test_a_message_s_objects_are_stored_as_they_arrive(receiving):
+    # Flower's step pulls every object (two at a time), then stores them all; wrapped, each is
+    # in the node's store as soon as it is pulled, where the node's ClientApp finds it.
+    from flwr.supercore.object_store.in_memory_object_store import InMemoryObjectStore
+    run_id, there_before, count = receiving(InMemoryObjectStore, wrapped=False)
+    assert run_id == 7 and max(there_before) == 0
+    run_id, there_before, count = receiving(InMemoryObjectStore, wrapped=True)
+    assert run_id == 7 and count == 7 and max(there_before) >= count - 2
+
+
+def test_a_clientapp_that_takes_the_message_at_once_does_not_fail_it(receiving):
+    # The node's ClientApp pulls the objects from the store as they come and, with the last,
+    # confirms, which deletes the message's objects from the store; the receiving step's own
+    # puts that follow must not fail the message (they did when the step stored them again).
+    from flwr.supercore.object_store.in_memory_object_store import InMemoryObjectStore
+
+    class ClientAppTakesAll(InMemoryObjectStore):
+        def put(self, object_id: str, object_content: bytes) -> None:
+            super().put(object_id, object_content)
+            if all(self.get(o) for o in receiving.objects):
+                self.delete(receiving.root)  # the ClientApp's confirmation
+
+    for wrapped in (False, True):
+        run_id, _, _ = receiving(ClientAppTakesAll, wrapped)
+        assert run_id == 7
 
 
 def test_install_caps_the_supernode_loop_of_this_flower_release(monkeypatch):

@@ -385,7 +385,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "cores); 1 where several nodes share a machine's cores")
     p.add_argument("--poll-seconds", type=float, default=DEFAULT_POLL_SECONDS,
                    help="how long an idle SuperNode waits before it asks the SuperLink for a "
-                        f"message again (default: {DEFAULT_POLL_SECONDS}; Flower's own: 3); right "
+                        f"message again (default: {DEFAULT_POLL_SECONDS}; Flower's own idle wait: 3); right "
                         "after a message it looks after a tenth of it, doubling back")
 
     p = step("run", cmd_run, "submit an experiment to the SuperLink and follow it")

@@ -12,12 +12,13 @@ capped at ``FEDAPP_SUPERNODE_POLL_SECONDS`` (``fedapp deploy supernode --poll-se
 default 0.5), and every wait on the node's own state at a tenth of it (:class:`CappedSleep`).
 The price is traffic: an idle node asks the SuperLink twice a second instead of once every
 3 s, so a federation of many nodes may want a longer poll (3 gives Flower's wait for the
-SuperLink).
+SuperLink while idle).
 After a message, the node looks for the next one sooner: a tenth of the poll, doubling back to
 the poll (0.05, 0.1, 0.2, 0.4, 0.5 s). A synchronous round's next message (evaluate after
 train, the next round's train) comes a fraction of a second after the node's reply, just after
 the node's first look found nothing, so a steady poll made it wait nearly a whole poll; the
-backoff adds about four looks after each message and none to an idle node. And each of a
+backoff adds a few looks after each message (four in its first 0.75 s, against one or two) and
+none to an idle node. And each of a
 message's objects goes into the node's store as it arrives (Flower stores them once all have),
 so the node's ClientApp, already started, takes the first ones while the others travel.
 Likewise a message's objects that are not there yet are asked for again after 0.05 s, not 1 s
@@ -42,7 +43,8 @@ DEFAULT_POLL_SECONDS = 0.5
 
 class CappedSleep:
     """The ``time`` module as the SuperNode's loop sees it: ``sleep`` waits at most ``cap``
-    seconds for the SuperLink (Flower's 3 s between two looks for a message) and at most
+    seconds for the SuperLink (Flower's 3 s between two looks for a message; after a message,
+    ``next_look``: a tenth of ``cap``, doubling back to it, see :meth:`message_received`) and at most
     ``cap / 10`` for the node's own state (Flower's 0.5 s between two looks for its ClientApp's
     reply or for an object in its store: a look costs no traffic); everything else is ``time``'s
     own. The loop's waits are polls, so a shorter wait changes when it looks, not what it
@@ -88,26 +90,48 @@ def install(cap: float) -> bool:
     return True
 
 
+class StoreAsPulled:
+    """A node's object store as its receiving step sees it: :meth:`put_pulled` stores an object
+    the moment it is pulled; the step's own :meth:`put` of it afterwards is skipped. Skipped, not
+    repeated: once every object is in, the node's ClientApp may take the message and delete its
+    objects before the step's own puts run, which would then fail the message; and a repeated put
+    would hash every object again."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.pulled: set[str] = set()
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    def put_pulled(self, object_id: str, content: bytes) -> None:
+        self.store.put(object_id, content)
+        self.pulled.add(object_id)
+
+    def put(self, object_id: str, content: bytes) -> None:
+        if object_id not in self.pulled:
+            self.store.put(object_id, content)
+
+
 def prompt_receiving(loop, sleeper: CappedSleep) -> None:
     """Wrap the loop's receiving step (Flower 1.41's ``_pull_and_store_message``, called with
-    keywords; it returns the run's id when it stored a message, None when there was none):
-    each object it pulls is put into the node's store at once (Flower puts them again after
-    the last; a put of an object already there returns), and ``sleeper`` hears of each
-    message received."""
+    keywords; it returns the run's id when it stored a message, None when there was none): each
+    object it pulls goes into the node's store at once (:class:`StoreAsPulled`), and ``sleeper``
+    hears of each message received."""
     receive_step = loop._pull_and_store_message
 
-    def pull_and_store(**kwargs):
-        store, pull = kwargs["object_store"], kwargs["pull_object"]
+    def receive_promptly(**kwargs):
+        store, pull = StoreAsPulled(kwargs["object_store"]), kwargs["pull_object"]
 
         def pull_and_put(run_id: int, object_id: str) -> bytes:
             content = pull(run_id, object_id)
-            store.put(object_id, content)
+            store.put_pulled(object_id, content)
             return content
-        run_id = receive_step(**{**kwargs, "pull_object": pull_and_put})
+        run_id = receive_step(**{**kwargs, "object_store": store, "pull_object": pull_and_put})
         if run_id is not None:
             sleeper.message_received()
         return run_id
-    loop._pull_and_store_message = pull_and_store
+    loop._pull_and_store_message = receive_promptly
 
 
 def trace(loop) -> None:
