@@ -304,7 +304,7 @@ def plot(bars: dict[str, dict[str, tuple[float, float]]]) -> None:
         ax.tick_params(axis="y", labelsize=8)
         ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=110)
+    fig.savefig(PLOT, dpi=110, bbox_inches="tight")  # long row names: nothing clipped
     plt.close(fig)
 
 
