@@ -18,9 +18,9 @@ the poll (0.05, 0.1, 0.2, 0.4, 0.5 s). A synchronous round's next message (evalu
 train, the next round's train) comes a fraction of a second after the node's reply, just after
 the node's first look found nothing, so a steady poll made it wait nearly a whole poll; the
 backoff adds a few looks after each message (four in its first 0.75 s, against one or two) and
-none to an idle node. And each of a
-message's objects goes into the node's store as it arrives (Flower stores them once all have),
-so the node's ClientApp, already started, takes the first ones while the others travel.
+none to an idle node. And each of a message's objects goes into the node's store as it
+arrives (Flower stores them once all have), so the node's ClientApp, already started, takes
+the first ones while the others travel.
 Likewise a message's objects that are not there yet are asked for again after 0.05 s, not 1 s
 (:func:`prompt_object_pulls`, here and in the node's ClientApps and a deployed ServerApp).
 Other Flower releases run unchanged: the module's waits are 1.41's.
