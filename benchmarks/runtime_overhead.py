@@ -37,6 +37,12 @@ same threads, and the comparison measures the framework, not a different paralle
     .venv/bin/python benchmarks/runtime_overhead.py --setting htfllib --rounds 5
     .venv/bin/python benchmarks/runtime_overhead.py --setting htfllib --rounds 3 --flwr-only \
         --timeline     # where a message's seconds go between the ServerApp and the actors
+    .venv/bin/python benchmarks/runtime_overhead.py --setting htfllib --rounds 6 --interleave
+
+``--interleave`` runs a bare round after each of the Flower run's rounds, while the Flower run
+waits, and reports each Flower round after the first against the bare rounds just before and
+after it: the same training's speed moves by half within minutes on a shared 2-core machine,
+and only a reference timed beside the measured round follows it.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -150,18 +157,13 @@ def full_run(args: argparse.Namespace) -> dict[str, float]:
     FedGH's class means, the model's restore and save, the payloads), and it prints where a
     message of the later rounds spends its seconds."""
     out = Path(tempfile.mkdtemp(prefix="fedapp-bench-"))
-    sets = [f"--set={k}={json.dumps(v) if isinstance(v, str) else v}"
-            for k, v in settings(args).items()]
     trace = out / "timeline"
     env = {**os.environ, **({timeline.ENV: str(trace)} if args.timeline else {})}
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "fedapp.cli.main", "run", *sets,
-                    "--set", 'run-name="bench"', "--output-dir", str(out)], check=True,
-                   env=env)
+    subprocess.run(flwr_command(args, out), check=True, env=env)
     end_to_end = time.perf_counter() - start
     summary = json.loads((out / "bench" / "summary.json").read_text())
-    rounds = [json.loads(line)
-              for line in (out / "bench" / "rounds.jsonl").read_text().splitlines()]
+    rounds = flwr_rounds(out)
     later = rounds[1:] or rounds
     t = {"end-to-end": end_to_end, "server": summary["wall_seconds"],
          **{name: sum(r[key] for r in later) / len(later)
@@ -173,6 +175,105 @@ def full_run(args: argparse.Namespace) -> dict[str, float]:
                                            way=timeline.SIMULATED_PHASES)), flush=True)
         t["round-handled"] = timeline.handled_seconds(timeline.read(trace), messages) / len(later)
     return t
+
+
+def flwr_command(args: argparse.Namespace, out: Path) -> list[str]:
+    """``fedapp run`` on the setting, its run named ``bench`` under ``out``."""
+    sets = [f"--set={k}={json.dumps(v) if isinstance(v, str) else v}"
+            for k, v in settings(args).items()]
+    return [sys.executable, "-m", "fedapp.cli.main", "run", *sets,
+            "--set", 'run-name="bench"', "--output-dir", str(out)]
+
+
+def flwr_rounds(out: Path) -> list[dict]:
+    return [json.loads(line)
+            for line in (out / "bench" / "rounds.jsonl").read_text().splitlines()]
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(CPU seconds every process of the machine has used, those stolen by its hypervisor),
+    from /proc/stat; (nan, nan) where there is none."""
+    try:
+        fields = [float(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except OSError:
+        return float("nan"), float("nan")
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq) / tick, steal / tick
+
+
+def interleaved(args: argparse.Namespace) -> list[dict[str, float]]:
+    """The Flower run's rounds and the bare loop's in alternation, each bare round run while
+    the Flower run stands still after one of its rounds (``FEDAPP_PAUSE_BETWEEN_ROUNDS``,
+    :func:`fedapp.runtime.timeline.between_rounds`), so that a Flower round is timed between
+    two bare rounds, minutes apart at most.
+
+    Returns one row per Flower round: its seconds, and the bare round run after it (training,
+    training + evaluation), with the CPU seconds that other processes (the paused Flower run's
+    included) and the hypervisor took from the machine meanwhile."""
+    loops = load_config({**settings(args), "client-state": "memory",
+                         "num-server-rounds": args.rounds + args.warmup_rounds})
+    bare_rounds = bare(loops)
+    for _ in range(args.warmup_rounds):  # the bare loop's cold round(s), untimed
+        next(bare_rounds)
+    out = Path(tempfile.mkdtemp(prefix="fedapp-bench-"))
+    pause = out / "pause"
+    pause.mkdir()
+    proc = subprocess.Popen(flwr_command(args, out),
+                            env={**os.environ, timeline.PAUSE_ENV: str(pause)})
+    rows = []
+    try:
+        for rnd in range(1, args.rounds + 1):
+            while not (pause / f"round-{rnd}.done").exists():
+                if proc.poll() is not None:
+                    raise SystemExit(f"runtime_overhead: the Flower run ended (exit "
+                                     f"{proc.returncode}) before its round {rnd}")
+                time.sleep(0.05)
+            busy, stolen, own = *cpu_seconds(), time.process_time()
+            train, evaluate = next(bare_rounds)
+            busy2, stolen2 = cpu_seconds()
+            rows.append({"bare-train": train, "bare": train + evaluate,
+                         "others-cpu": busy2 - busy - (time.process_time() - own),
+                         "stolen": stolen2 - stolen})
+            (pause / f"round-{rnd}.go").touch()
+        if proc.wait() != 0:
+            raise SystemExit(f"runtime_overhead: the Flower run failed (exit {proc.returncode})")
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait()
+    for row, record in zip(rows, flwr_rounds(out)):
+        row.update({"round": record["seconds"], "round-clients": record["client_seconds"]})
+    return rows
+
+
+def report_interleaved(rows: list[dict[str, float]], cfg) -> None:
+    """A Flower round r (r > 1) against the mean of the bare rounds run just before it and
+    just after it; the median of those ratios is the sitting's figure."""
+    print("\n| Flower round | its seconds | of it the clients' training and evaluation | bare "
+          "training before / after it | round / bare training | round / bare training + "
+          "evaluation | clients' training and evaluation / bare's | other processes' CPU "
+          "during the bare round after it |\n|---|---|---|---|---|---|---|---|")
+    ratios: dict[str, list[float]] = {"train": [], "both": [], "clients": []}
+    for r in range(1, len(rows)):
+        before, after = rows[r - 1], rows[r]
+        both = (before["bare"] + after["bare"]) / 2
+        ratios["train"].append(after["round"] / ((before["bare-train"] + after["bare-train"]) / 2))
+        ratios["both"].append(after["round"] / both)
+        ratios["clients"].append(after["round-clients"] / both)
+        print(f"| {r + 1} | {after['round']:.1f} | {after['round-clients']:.1f} | "
+              f"{before['bare-train']:.1f} / {after['bare-train']:.1f} | "
+              + " | ".join(f"{v[-1]:.2f}x" for v in ratios.values())
+              + f" | {after['others-cpu']:.1f} s (stolen {after['stolen']:.1f} s) in "
+              f"{after['bare']:.1f} s |")
+    if len(rows) > 1:
+        print(f"\nmedians over rounds 2-{len(rows)}: a round "
+              f"{statistics.median(ratios['train']):.2f}x the bare training, "
+              f"{statistics.median(ratios['both']):.2f}x the bare training + evaluation; the "
+              f"clients' training and evaluation {statistics.median(ratios['clients']):.2f}x "
+              "the bare loop's")
+    print(f"work: method {cfg.method}, {cfg.num_clients} clients, {torch.get_num_threads()} "
+          f"threads, torch {torch.__version__}; the bare loop's first round untimed")
 
 
 def one_sitting(args: argparse.Namespace, cfg) -> dict[str, float]:
@@ -231,9 +332,16 @@ def main() -> None:
     parser.add_argument("--flwr-only", action="store_true",
                         help="only the Flower run (seconds, no ratios): a variant of it beside "
                              "a sitting that has the bare loop")
+    parser.add_argument("--interleave", action="store_true",
+                        help="the bare loop's rounds between the Flower run's, each Flower "
+                             "round against the bare rounds just before and after it "
+                             "(no in-process runtime row)")
     args = parser.parse_args()
     cfg = load_config(settings(args))
     torch.set_num_threads(os.cpu_count() or 1)
+    if args.interleave:
+        report_interleaved(interleaved(args), cfg)
+        return
     sittings = []
     for i in range(args.repeat):
         sittings.append(one_sitting(args, cfg))

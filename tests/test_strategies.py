@@ -1,10 +1,13 @@
 """Strategies driven directly through configure_fit / aggregate_fit with hand-built replies."""
 
 import logging
+import threading
+import time
 
 import numpy as np
 import pytest
 
+from fedapp.runtime import timeline
 from fedapp.runtime.payload import decode, wire_size
 from fedapp.runtime.results import Recorder
 from fedapp.runtime.strategy_base import EmptyRounds, RoundFailed
@@ -99,6 +102,47 @@ def test_bad_uploads_are_rejected_and_the_round_goes_on(rng, caplog):
     assert "shape" in text and "NaN" in text and "architecture" in text
 
 
+def run_round(strategy, rnd, upload):
+    """A synchronous round of two cnn1 clients that upload ``upload`` (None: both crash)."""
+    manager, proxies = client_manager(strategy)
+    strategy.configure_fit(rnd, None, manager)
+    if upload is None:
+        strategy.aggregate_fit(rnd, [], [RuntimeError("a"), RuntimeError("b")])
+    else:
+        strategy.aggregate_fit(rnd, [(p, fit_res(upload, 50, i, "cnn1"))
+                                     for i, p in enumerate(proxies)], [])
+    strategy.configure_evaluate(rnd, None, manager)
+    strategy.aggregate_evaluate(rnd, [(p, eval_res(i, "cnn1", 0.5))
+                                      for i, p in enumerate(proxies)], [])
+
+
+def test_a_round_recorded_then_paused_while_a_benchmark_runs_its_own(tmp_path, monkeypatch):
+    # benchmarks/runtime_overhead.py --interleave: after recording a round the ServerApp
+    # waits for the benchmark's go, so the pause is in no round's seconds.
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    monkeypatch.setenv(timeline.PAUSE_ENV, str(pause))
+    recorder = Recorder(tmp_path / "run", method="lg-fedavg", dataset="synthetic",
+                        num_clients=2, num_rounds=2, config={}, partition={})
+    strategy = make_strategy("lg-fedavg", recorder, num_clients=2, arch_mix="cnn1",
+                             sizes=[50, 50])
+    head = {k: np.zeros_like(v) for k, v in strategy.global_head.items()}
+    paused = threading.Thread(target=run_round, args=(strategy, 1, head))
+    paused.start()
+    while not (pause / "round-1.done").exists():
+        assert paused.is_alive()
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert paused.is_alive() and len(recorder.history) == 1
+    (pause / "round-1.go").touch()
+    paused.join(timeout=5)
+    assert not paused.is_alive()
+    (pause / "round-2.go").touch()  # the last round pauses too
+    run_round(strategy, 2, head)
+    assert [h["round"] for h in recorder.history] == [1, 2]
+    assert recorder.history[0]["seconds"] < 0.2
+
+
 def test_rounds_without_a_usable_update_keep_the_state_until_max_empty_rounds(tmp_path,
                                                                                caplog):
     # Rounds 2, 4 and 5 have no usable update (every client crashed, or every upload was
@@ -108,18 +152,6 @@ def test_rounds_without_a_usable_update_keep_the_state_until_max_empty_rounds(tm
         return Recorder(tmp_path / "run", method="lg-fedavg", dataset="synthetic",
                         num_clients=2, num_rounds=6, config={}, partition={},
                         resume_after=resume_after)
-
-    def run_round(strategy, rnd, upload):
-        manager, proxies = client_manager(strategy)
-        strategy.configure_fit(rnd, None, manager)
-        if upload is None:
-            strategy.aggregate_fit(rnd, [], [RuntimeError("a"), RuntimeError("b")])
-        else:
-            strategy.aggregate_fit(rnd, [(p, fit_res(upload, 50, i, "cnn1"))
-                                         for i, p in enumerate(proxies)], [])
-        strategy.configure_evaluate(rnd, None, manager)
-        strategy.aggregate_evaluate(rnd, [(p, eval_res(i, "cnn1", 0.5))
-                                          for i, p in enumerate(proxies)], [])
 
     strategy = make_strategy("lg-fedavg", recorder(), num_clients=2, arch_mix="cnn1",
                              sizes=[50, 50], max_empty_rounds=2)

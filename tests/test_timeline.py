@@ -141,3 +141,18 @@ def test_handover_gaps_count_an_actors_idle_time_while_the_next_message_waits():
     assert timeline.handover_gaps(lines, last=2) == []   # "late" and "other": one each
     assert timeline.handled_seconds(lines) == pytest.approx(0.9 + 0.8 + 0.5 + 0.4 + 0.3)
     assert timeline.handled_seconds(lines, last=2) == pytest.approx(0.4 + 0.3)
+
+
+def test_between_rounds_returns_at_once_unless_a_pause_folder_is_named(tmp_path, monkeypatch):
+    monkeypatch.delenv(timeline.PAUSE_ENV, raising=False)
+    timeline.between_rounds(3, limit=0.0)
+    monkeypatch.setenv(timeline.PAUSE_ENV, str(tmp_path))
+    (tmp_path / "round-3.go").touch()
+    timeline.between_rounds(3, limit=0.0)
+    assert (tmp_path / "round-3.done").exists()
+
+
+def test_a_pause_without_its_go_fails_after_its_limit(tmp_path, monkeypatch):
+    monkeypatch.setenv(timeline.PAUSE_ENV, str(tmp_path))
+    with pytest.raises(TimeoutError, match="round-4.go"):
+        timeline.between_rounds(4, limit=0.1)

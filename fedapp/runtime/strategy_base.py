@@ -41,7 +41,7 @@ from flwr.server.strategy import Strategy
 from client_models import HeteroModel
 from fedapp.config import RunConfig
 from fedapp.data import setup
-from fedapp.runtime import checkpoint
+from fedapp.runtime import checkpoint, timeline
 from fedapp.runtime.payload import (ArraySpec, Payload, PayloadError, WireSize, check_layout,
                                     encode, float32, load, read_headers, to_wire, validate,
                                     wire_size)
@@ -604,6 +604,7 @@ class FedStrategy(Strategy):
         if self.recorder is None:
             return
         log(INFO, self.recorder.record_round(record))
+        timeline.between_rounds(server_round)  # a no-op unless a benchmark interleaves
         every = self.cfg.checkpoint_every
         if every and server_round % every == 0:
             checkpoint.save_server(self.recorder.run_dir / "checkpoint", server_round,

@@ -35,6 +35,10 @@ from pathlib import Path
 from typing import Any
 
 ENV = "FEDAPP_TIMELINE"
+# A folder: the synchronous ServerApp stops after each round until the benchmark has run
+# its own round (benchmarks/runtime_overhead.py --interleave; :func:`between_rounds`).
+PAUSE_ENV = "FEDAPP_PAUSE_BETWEEN_ROUNDS"
+PAUSE_LIMIT = 900.0  # seconds a paused ServerApp waits before it goes on alone
 
 
 def enabled() -> bool:
@@ -54,6 +58,26 @@ def write(kind: str, **fields: Any) -> None:
 
 def now() -> float:
     return time.time()
+
+
+def between_rounds(server_round: int, limit: float = PAUSE_LIMIT) -> None:
+    """If ``FEDAPP_PAUSE_BETWEEN_ROUNDS`` names a folder, write ``round-<r>.done`` there and
+    wait for ``round-<r>.go`` (at most ``limit`` seconds), else return at once.
+
+    A benchmark's reference loop then runs its round while the Flower run stands still, so
+    both are timed on the same machine minutes apart at most: on a shared 2-core machine the
+    speed of the same training moves by half within minutes, which no ratio of two separate
+    runs survives. A round's own seconds (from its first call to its evaluations recorded)
+    leave the pause out."""
+    folder = os.environ.get(PAUSE_ENV)
+    if not folder:
+        return
+    (Path(folder) / f"round-{server_round}.done").touch()
+    go, deadline = Path(folder) / f"round-{server_round}.go", time.monotonic() + limit
+    while not go.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{PAUSE_ENV}: no {go} after {limit:.0f} s")
+        time.sleep(0.05)
 
 
 def read(folder: Path) -> list[dict[str, Any]]:
