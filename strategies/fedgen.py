@@ -54,7 +54,6 @@ from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 from fedapp.runtime.training import train_recipe
 from fedapp.seeding import derive_seed, isolated_rng
-from strategies.fedgh import head_accuracy
 from strategies.settings import FedGenSettings
 
 HEAD = ("head.weight", "head.bias")
@@ -174,7 +173,7 @@ class FedGenClient(FedClient):
 
     def evaluation_variants(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         head = getattr(self, "global_head", None)
-        return {"global-head": head_accuracy(self.model, head, x, y)} if head else {}
+        return {"global-head": self.head_accuracy(head, x, y)} if head else {}
 
     def train(self, server_round: int):
         if self.generator is None:

@@ -28,7 +28,6 @@ import torch.nn.functional as F
 from fedapp.runtime.client_base import FedClient, load_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
-from fedapp.runtime.training import evaluate
 from fedapp.seeding import derive_seed
 from strategies.settings import FedGHSettings
 
@@ -48,7 +47,7 @@ class FedGHClient(FedClient):
         header = getattr(self, "global_header", None)
         if not header:
             return {}
-        return {"global-header": head_accuracy(self.model, header, x, y)}
+        return {"global-header": self.head_accuracy(header, x, y)}
 
     def upload(self) -> Payload:
         lars = self.class_means()
@@ -125,12 +124,3 @@ def train_header(header: torch.nn.Linear, lars: list[tuple[np.ndarray, np.ndarra
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
-
-
-def head_accuracy(model: torch.nn.Module, head: Payload, x: torch.Tensor,
-                  y: torch.Tensor) -> float:
-    """Accuracy on ``(x, y)`` of ``model``'s extractor with another head (``head.weight``,
-    ``head.bias``) in place of its own; the model itself is left untouched."""
-    other = torch.nn.Linear(*model.head.weight.shape[::-1]).to(model.head.weight.device)
-    load_arrays(other, {k.removeprefix("head."): v for k, v in head.items()})
-    return evaluate(torch.nn.Sequential(model.extractor, other), x, y)[1]

@@ -105,13 +105,13 @@ class FedProtoClient(FedClient):
     def evaluation_variants(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         if not bool(self.has_prototype.any()):
             return {}
-        self.model.eval()
-        correct = 0
+        correct, start = 0, 0
         with torch.no_grad():
-            for i in range(0, len(y), 512):
-                dist = torch.cdist(self.model.features(x[i:i + 512]), self.global_prototypes)
+            for z in self.test_features(x):
+                dist = torch.cdist(z, self.global_prototypes)
                 dist[:, ~self.has_prototype] = float("inf")
-                correct += int((dist.argmin(1) == y[i:i + 512]).sum())
+                correct += int((dist.argmin(1) == y[start:start + len(z)]).sum())
+                start += len(z)
         return {"nearest-prototype": correct / len(y)}
 
 

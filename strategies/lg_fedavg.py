@@ -14,7 +14,6 @@ from fedapp.runtime.aggregate import weighted_average
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
-from strategies.fedgh import head_accuracy
 
 
 class LgFedAvgClient(FedClient):
@@ -31,7 +30,7 @@ class LgFedAvgClient(FedClient):
 
     def evaluation_variants(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         head = getattr(self, "global_head", None)
-        return {"global-head": head_accuracy(self.model, head, x, y)} if head else {}
+        return {"global-head": self.head_accuracy(head, x, y)} if head else {}
 
     def upload(self) -> Payload:
         return state_arrays(self.model, list(self.model.head_state()))

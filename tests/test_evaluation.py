@@ -53,3 +53,23 @@ def test_a_round_without_evaluation_still_reports_progress(tmp_path):
     fed.fit_round(2)
     assert sorted(fed.evaluate_round(2)) == [0, 1, 2]  # the last round always is
     assert fed.strategy.recorder.summary()["evaluated_rounds"] == [2]
+
+
+def test_a_test_sets_features_serve_every_head_with_the_same_numbers():
+    # The client evaluates its own head, and a variant's head, on features it computed once:
+    # over several batches (one of them short) the loss and accuracy equal, bit for bit,
+    # those of the whole model evaluated as one module.
+    import torch
+
+    from client_models import build_model
+    from fedapp.runtime.training import evaluate, evaluate_head, features_in_batches
+    torch.manual_seed(0)
+    model = build_model("cnn1", input_shape=(1, 28, 28), num_classes=10)
+    x, y = torch.randn(1100, 1, 28, 28), torch.randint(0, 10, (1100,))
+    features = features_in_batches(model, x)
+    assert [len(z) for z in features] == [512, 512, 76]
+    assert evaluate_head(model.head, features, y) == evaluate(model, x, y)
+    other = torch.nn.Linear(model.head.in_features, 10)
+    assert evaluate_head(other, features, y) == evaluate(
+        torch.nn.Sequential(model.extractor, other), x, y)
+    assert evaluate_head(model.head, [], y[:0]) == (0.0, 0.0)

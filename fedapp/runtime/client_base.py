@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.client import NumPyClient
 
+from client_models import HeteroModel
 from fedapp.config import ConfigError, RunConfig
 from fedapp.data import setup
 from fedapp.data.local_data import expected_input, load_local_data
@@ -33,8 +34,9 @@ from fedapp.runtime import checkpoint
 from fedapp.runtime.class_stats import ClassMeans, class_means
 from fedapp.runtime.payload import Payload, from_ndarrays, to_ndarrays
 from fedapp.runtime.speeds import has_stragglers, update_duration
-from fedapp.runtime.training import (TrainStats, deterministic_cuda, evaluate, pick_device,
-                                     recipe_optimizer, train_recipe)
+from fedapp.runtime.training import (TrainStats, deterministic_cuda, evaluate, evaluate_head,
+                                     features_in_batches, pick_device, recipe_optimizer,
+                                     train_recipe)
 from fedapp.seeding import derive_seed, isolated_rng
 
 MODEL_STATE_KEY = "fedapp.model"
@@ -271,6 +273,26 @@ class FedClient(NumPyClient):
         headline ``accuracy`` as ``accuracy-<name>`` (e.g. FedGH with the global header)."""
         return {}
 
+    def test_features(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The private model's features of ``x`` in evaluation's batches
+        (:func:`~fedapp.runtime.training.features_in_batches`). During :meth:`evaluate` those of
+        the test set are computed once, for the own head and every variant that scores
+        another head or rule on them (a received global head, the nearest prototype): the
+        extractor is most of an evaluation's work."""
+        kept = getattr(self, "_test_features", None)
+        if kept is not None and kept[0] is x:
+            return kept[1]
+        return features_in_batches(self.model, x)
+
+    def head_accuracy(self, head: Payload, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Accuracy on ``(x, y)`` of the private model's extractor with another head
+        (``head.weight``, ``head.bias``: a received global head) in place of its own; the
+        model itself is left untouched."""
+        weight = self.model.head.weight
+        other = torch.nn.Linear(weight.shape[1], weight.shape[0]).to(weight.device)
+        load_arrays(other, {k.removeprefix("head."): v for k, v in head.items()})
+        return evaluate_head(other, self.test_features(x), y)[1]
+
     def headline_variant(self) -> str | None:
         """The variant reported as ``accuracy`` instead of the model's own head (then reported
         as ``accuracy-own-head``); None = the model's own head is the headline."""
@@ -450,9 +472,17 @@ class FedClient(NumPyClient):
         self._recover_state(config, int(config.get("server-round", 0)))
         self._take_back_state()
         changed = self.receive_for_evaluation(from_ndarrays(parameters))
-        loss, accuracy = evaluate(self.predictor(), self.data.test_x, self.data.test_y)
-        variants = (self.evaluation_variants(self.data.test_x, self.data.test_y)
-                    if len(self.data.test_y) else {})
+        x, y = self.data.test_x, self.data.test_y
+        predictor = self.predictor()
+        if predictor is self.model and type(predictor).forward is HeteroModel.forward:
+            self._test_features = (x, features_in_batches(predictor, x))
+            loss, accuracy = evaluate_head(predictor.head, self._test_features[1], y)
+        else:
+            loss, accuracy = evaluate(predictor, x, y)
+        try:
+            variants = self.evaluation_variants(x, y) if len(y) else {}
+        finally:
+            self._test_features = None
         if self.headline_variant() in variants:  # e.g. FedProto's nearest-prototype rule
             variants["own-head"], accuracy = accuracy, variants.pop(self.headline_variant())
         metrics: dict[str, Any] = {**self.identity(), "accuracy": accuracy}

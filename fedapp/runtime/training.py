@@ -148,19 +148,46 @@ def train_recipe(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
                         shuffle=cfg.batch_order == "shuffled")
 
 
+EVAL_BATCH = 512  # evaluation's batches: every score of a test set uses the same ones
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-             batch_size: int = 512) -> tuple[float, float]:
+             batch_size: int = EVAL_BATCH) -> tuple[float, float]:
     """Mean cross-entropy and accuracy of ``model`` on ``(x, y)``; ``(0, 0)`` when empty."""
     if len(y) == 0:
         return 0.0, 0.0
     model.eval()
-    loss, correct = torch.zeros((), device=x.device), torch.zeros((), device=x.device)
-    for start in range(0, len(y), batch_size):
-        logits = model(x[start:start + batch_size])
+    return _scores((model(x[i:i + batch_size]) for i in range(0, len(y), batch_size)), y,
+                   batch_size)
+
+
+@torch.no_grad()
+def features_in_batches(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """``model.features`` of ``x`` in eval mode, batch by batch as :func:`evaluate` runs."""
+    model.eval()
+    return [model.features(x[i:i + EVAL_BATCH]) for i in range(0, len(x), EVAL_BATCH)]
+
+
+@torch.no_grad()
+def evaluate_head(head: torch.nn.Module, features: list[torch.Tensor],
+                  y: torch.Tensor) -> tuple[float, float]:
+    """:func:`evaluate` of a model made of the extractor behind ``features`` (from
+    :func:`features_in_batches`) and ``head``: the same batches and operations, so the same
+    numbers, without running the extractor again."""
+    head.eval()
+    return _scores((head(z) for z in features), y, EVAL_BATCH)
+
+
+def _scores(logits: Iterable[torch.Tensor], y: torch.Tensor,
+            batch_size: int) -> tuple[float, float]:
+    if len(y) == 0:
+        return 0.0, 0.0
+    loss, correct = torch.zeros((), device=y.device), torch.zeros((), device=y.device)
+    for start, batch in zip(range(0, len(y), batch_size), logits):
         target = y[start:start + batch_size]
-        loss += F.cross_entropy(logits, target, reduction="sum")
-        correct += (logits.argmax(1) == target).sum()
+        loss += F.cross_entropy(batch, target, reduction="sum")
+        correct += (batch.argmax(1) == target).sum()
     return float(loss) / len(y), float(correct) / len(y)
 
 
