@@ -13,7 +13,9 @@ data is split and how many clients train per round:
 FedAvg needs one architecture: it runs on the smallest of the mix (CNN-5, the model FML, FedMRL
 and FedKD share), with a Standalone of it beside. The asynchronous loop (methods whose server
 folds in one upload at a time) and the device-to-device loops (walk, gossip) have their own
-rows; they are not run at 30 % participation, a notion of the synchronous round.
+rows; they are not run at 30 % participation, a notion of the synchronous round. A few
+diagnostic rows (``DIAGNOSTICS``) run a method with one setting changed, in the column whose
+reading names that setting as a cause.
 
 Each cell: mean ± std over the seeds of the mean per-client local-test accuracy after the last
 round, and its difference to Standalone on the same setting; for a method whose recipe is not
@@ -71,6 +73,14 @@ SETTINGS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 ROUNDS_ONLY = {"dir0.3-p30"}          # settings that only the synchronous loop has
 ONE_ARCH = {"arch-mix": "cnn5"}       # FedAvg: the smallest CNN of the mix
+# Rows that test a cause docs/scoreboard.md gives for a row, in the columns where it gives it:
+# variant -> (label, each method's overrides, settings). Felo's and Velo's clients install
+# their architecture group's average, which at 30 % participation is often one other client's
+# model.
+DIAGNOSTICS: dict[str, tuple[str, dict[str, dict[str, Any]], tuple[str, ...]]] = {
+    "no-group-avg": ("group-avg = false", {m: {f"{m}.group-avg": False} for m in ("felo", "velo")},
+                     ("dir0.3-p30",)),
+}
 
 
 # What a client's training is, beyond the local work every row shares (COMMON): a method's
@@ -130,6 +140,8 @@ def variants() -> dict[str, tuple[dict[str, Any], str]]:
         users = [m for m in METHODS if recipe_of(m) == name and not METHODS[m].homogeneous_only]
         out[name] = (dict(values), ("HtFLlib's recipe: " if name == "htfllib-recipe" else
                                     "the recipe of ") + ", ".join(users))
+    for name, (text, _, _) in DIAGNOSTICS.items():  # their overrides depend on the method
+        out[name] = ({}, text)
     return out
 
 
@@ -154,7 +166,7 @@ def run_name(setting: str, method: str, loop: str, variant: str) -> str:
 def overrides(setting: str, method: str, loop: str, variant: str) -> dict[str, Any]:
     return {**COMMON, **SETTINGS[setting][1], "method": method,
             **({} if loop == "rounds" else {"server-loop": loop}),
-            **variants()[variant][0]}
+            **variants()[variant][0], **DIAGNOSTICS.get(variant, ("", {}, ()))[1].get(method, {})}
 
 
 def runs(setting: str, method: str, loop: str, variant: str, seeds: list[int],
@@ -211,10 +223,13 @@ def main() -> None:
         else:
             keys = [(method, loop, "")] + ([("standalone", "rounds", r) for r in recipes()]
                                            if method == "standalone" else [])
+        keys += [(method, loop, name) for name, (_, methods, _) in DIAGNOSTICS.items()
+                 if method in methods and loop == "rounds"]
         wanted += [(key, setting, not args.table_only and setting in args.settings
                     and method in chosen)
                    for key in keys for setting in SETTINGS
-                   if loop == "rounds" or setting not in ROUNDS_ONLY]
+                   if (loop == "rounds" or setting not in ROUNDS_ONLY)
+                   and (key[2] not in DIAGNOSTICS or setting in DIAGNOSTICS[key[2]][2])]
     run_parallel([(None, {**overrides(setting, *key), "seed": seed, **resources},
                    f"{run_name(setting, *key)}-seed{seed}")
                   for key, setting, execute in wanted if execute for seed in seeds],
@@ -251,7 +266,7 @@ def main() -> None:
         for s in columns:
             mine = cells.get(s)
             if not mine:
-                texts.append("not run" if not (loop != "rounds" and s in ROUNDS_ONLY) else "—")
+                texts.append("—" if s not in cells else "not run")  # not a cell of this row
                 continue
             mean, std = mean_std(mean_client_accuracy(x) for x in mine)
             text = f"{mean:.3f} ± {std:.3f}"
@@ -259,7 +274,8 @@ def main() -> None:
             if base and (method, loop, variant) != base_key:
                 diff, diff_std = paired(mine, base)
                 text += f" ({diff:+.3f} ± {diff_std:.3f}"
-                recipe = recipe_of(method) if method != "standalone" and not variant else None
+                recipe = (recipe_of(method) if method != "standalone"
+                          and (not variant or variant in DIAGNOSTICS) else None)
                 recipe_base = table[("standalone", "rounds", recipe)].get(s) if recipe else None
                 if recipe_base:
                     text += "; {:+.3f} ± {:.3f} at its recipe".format(*paired(mine, recipe_base))
