@@ -247,7 +247,7 @@ def interleaved(args: argparse.Namespace) -> list[dict[str, float]]:
     return rows
 
 
-def report_interleaved(rows: list[dict[str, float]], cfg) -> None:
+def report_interleaved(rows: list[dict[str, float]], cfg, warmup_rounds: int) -> None:
     """A Flower round r (r > 1) against the mean of the bare rounds run just before it and
     just after it; the median of those ratios is the sitting's figure."""
     print("\n| Flower round | its seconds | of it the clients' training and evaluation | bare "
@@ -273,7 +273,8 @@ def report_interleaved(rows: list[dict[str, float]], cfg) -> None:
               f"clients' training and evaluation {statistics.median(ratios['clients']):.2f}x "
               "the bare loop's")
     print(f"work: method {cfg.method}, {cfg.num_clients} clients, {torch.get_num_threads()} "
-          f"threads, torch {torch.__version__}; the bare loop's first round untimed")
+          f"threads, torch {torch.__version__}; the bare loop's first {warmup_rounds} "
+          "round(s) untimed")
 
 
 def one_sitting(args: argparse.Namespace, cfg) -> dict[str, float]:
@@ -340,7 +341,10 @@ def main() -> None:
     cfg = load_config(settings(args))
     torch.set_num_threads(os.cpu_count() or 1)
     if args.interleave:
-        report_interleaved(interleaved(args), cfg)
+        if args.repeat != 1 or args.skip_flwr or args.flwr_only or args.timeline:
+            parser.error("--interleave is one sitting of its own: without --repeat, "
+                         "--skip-flwr, --flwr-only or --timeline")
+        report_interleaved(interleaved(args), cfg, args.warmup_rounds)
         return
     sittings = []
     for i in range(args.repeat):

@@ -474,12 +474,12 @@ class FedClient(NumPyClient):
         changed = self.receive_for_evaluation(from_ndarrays(parameters))
         x, y = self.data.test_x, self.data.test_y
         predictor = self.predictor()
-        if predictor is self.model and type(predictor).forward is HeteroModel.forward:
-            self._test_features = (x, features_in_batches(predictor, x))
-            loss, accuracy = evaluate_head(predictor.head, self._test_features[1], y)
-        else:
-            loss, accuracy = evaluate(predictor, x, y)
         try:
+            if predictor is self.model and type(predictor).forward is HeteroModel.forward:
+                self._test_features = (x, features_in_batches(predictor, x))
+                loss, accuracy = evaluate_head(predictor.head, self._test_features[1], y)
+            else:
+                loss, accuracy = evaluate(predictor, x, y)
             variants = self.evaluation_variants(x, y) if len(y) else {}
         finally:
             self._test_features = None

@@ -38,7 +38,7 @@ ENV = "FEDAPP_TIMELINE"
 # A folder: the synchronous ServerApp stops after each round until the benchmark has run
 # its own round (benchmarks/runtime_overhead.py --interleave; :func:`between_rounds`).
 PAUSE_ENV = "FEDAPP_PAUSE_BETWEEN_ROUNDS"
-PAUSE_LIMIT = 900.0  # seconds a paused ServerApp waits before it goes on alone
+PAUSE_LIMIT = 900.0  # seconds a paused ServerApp waits before it fails the run
 
 
 def enabled() -> bool:

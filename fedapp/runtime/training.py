@@ -164,7 +164,10 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
 
 @torch.no_grad()
 def features_in_batches(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
-    """``model.features`` of ``x`` in eval mode, batch by batch as :func:`evaluate` runs."""
+    """``model.features`` of ``x`` in eval mode, batch by batch as :func:`evaluate` runs (an
+    empty ``x``: none, the model's mode untouched, as :func:`evaluate` leaves it)."""
+    if len(x) == 0:
+        return []
     model.eval()
     return [model.features(x[i:i + EVAL_BATCH]) for i in range(0, len(x), EVAL_BATCH)]
 
