@@ -10,11 +10,15 @@ each node (``--threads``: 1, as the two share this machine's cores, or torch's o
 it in simulation (``fedapp run``), and prints each variant's round 1 and mean later round from
 the run's ``rounds.jsonl``. For the first variant (the default deployment) it also prints where
 a later round's message spends its seconds, from the timestamps of every process on its way
-(``fedapp.runtime.timeline``). Every process it starts is stopped when it ends.
+(``fedapp.runtime.timeline``). Two more variants change one thing of the first each: the
+SuperLink's state in memory instead of its database (``fedapp deploy superlink --state``), and a
+message's objects sent eight at a time (``FEDAPP_OBJECT_TRANSFERS``). Every process it starts
+is stopped when it ends.
 
     .venv/bin/python benchmarks/deployed_round.py                       # LG-FedAvg, 4 rounds
     .venv/bin/python benchmarks/deployed_round.py --method fedproto --rounds 6
     .venv/bin/python benchmarks/deployed_round.py --variants 1   # the default deployment only
+    .venv/bin/python benchmarks/deployed_round.py --only 1 5 6   # these, each with its timeline
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fedapp.cli.flower import _free_port, stop_process_group, wait_for_port  # noqa: E402
-from fedapp.runtime.object_pulls import PULL_ENV  # noqa: E402
+from fedapp.runtime.object_pulls import PULL_ENV, TRANSFERS_ENV  # noqa: E402
 from fedapp.runtime import timeline  # noqa: E402
 
 FEDAPP = [sys.executable, "-m", "fedapp.cli.main"]
@@ -58,33 +62,45 @@ def rounds(run_dir: Path) -> tuple[float, float]:
     return seconds[0], sum(later) / len(later)
 
 
-# (label, --clientapp, --poll-seconds, --threads). Two nodes share this machine's cores, so
-# one torch thread each, as simulation gives each virtual client one CPU; the second row shows
-# what torch's own thread count (every core, in each node) costs them.
-VARIANTS = [("deployed, ClientApp forked, poll 0.5 s, 1 thread", "forked", 0.5, 1),
-            ("deployed, ClientApp forked, poll 0.5 s, torch's threads", "forked", 0.5, 0),
-            ("deployed, ClientApp forked, poll 3 s (Flower's waits), 1 thread", "forked", 3.0, 1),
+# (label, --clientapp, --poll-seconds, --threads, the SuperLink's --state, objects sent at a
+# time). Two nodes share this machine's cores, so one torch thread each, as simulation gives
+# each virtual client one CPU; the second row shows what torch's own thread count (every core,
+# in each node) costs them. The last two change one thing of the first: where the SuperLink
+# keeps messages and their objects (its database, one SQL write or more per object, or its
+# memory), and how many of a message's objects travel at once (Flower's two, or eight).
+VARIANTS = [("deployed, ClientApp forked, poll 0.5 s, 1 thread", "forked", 0.5, 1, "database",
+             None),
+            ("deployed, ClientApp forked, poll 0.5 s, torch's threads", "forked", 0.5, 0,
+             "database", None),
+            ("deployed, ClientApp forked, poll 3 s (Flower's waits), 1 thread", "forked", 3.0, 1,
+             "database", None),
             ("deployed, ClientApp fresh (Flower's), poll 3 s (Flower's waits), 1 thread", "fresh",
-             3.0, 1)]
+             3.0, 1, "database", None),
+            ("deployed as the first, the SuperLink's state in memory", "forked", 0.5, 1,
+             "memory", None),
+            ("deployed as the first, 8 objects at a time", "forked", 0.5, 1, "database", 8)]
 
 
-def deployed(tmp: Path, clientapp: str, poll: float, threads: int, settings: list[str],
+def deployed(tmp: Path, clientapp: str, poll: float, threads: int, state: str,
+             transfers: int | None, settings: list[str],
              trace: Path | None = None) -> tuple[float, float]:
     """A loopback deployment of the variant, one run on it: (round 1 s, later rounds s). With
     ``trace``, every process it starts writes its timeline there."""
     # A deployment folder each: a SuperLink keeps its registered nodes in its database.
-    tag = f"{clientapp}-{poll:g}-{threads}"
+    tag = f"{clientapp}-{poll:g}-{threads}-{state}-{transfers or 'flower'}"
     if trace is not None:
         os.environ[timeline.ENV] = str(trace)
     if poll >= 3:  # Flower's waits: its SuperNode's 3 s, and 1 s before a missing object's retry
         os.environ[PULL_ENV] = "1"
+    if transfers:  # every process started below: the nodes, their ClientApps, the ServerApp
+        os.environ[TRANSFERS_ENV] = str(transfers)
     d = ["--dir", str(tmp / f"deployment-{tag}")]
     fedapp("deploy", "certs", *d)
     fedapp("deploy", "node-key", "site0", "site1", *d)
     started = []
     try:
         port = _free_port()
-        link = fedapp("deploy", "superlink", "--port", str(port), *d,
+        link = fedapp("deploy", "superlink", "--port", str(port), "--state", state, *d,
                       log=tmp / f"superlink-{tag}.log", wait=False)
         started.append(link)
         wait_for_port(link, port, "the SuperLink", tmp / f"superlink-{tag}.log")
@@ -106,6 +122,7 @@ def deployed(tmp: Path, clientapp: str, poll: float, threads: int, settings: lis
     finally:
         os.environ.pop(timeline.ENV, None)
         os.environ.pop(PULL_ENV, None)
+        os.environ.pop(TRANSFERS_ENV, None)
         for proc in reversed(started):
             stop_process_group(proc)
 
@@ -117,7 +134,12 @@ def main() -> None:
     parser.add_argument("--variants", type=int, default=len(VARIANTS),
                         help="run the first N deployed variants (default: all); simulation "
                              "always")
+    parser.add_argument("--only", type=int, nargs="+", metavar="K",
+                        help="run these deployed variants (1 is the first), in this order, "
+                             "instead; each has its timeline printed")
     args = parser.parse_args()
+    if any(not 1 <= k <= len(VARIANTS) for k in args.only or []):
+        parser.error(f"--only takes variants 1 to {len(VARIANTS)}")
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
     # The smoke preset (synthetic data), two clients of the two smallest CNNs.
     settings = ["smoke", "--set", f'method="{args.method}"', "--set", "num-clients=2",
@@ -125,11 +147,13 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="fedapp-deployed-round-"))
     load = os.getloadavg()[0]
     results = {}
-    trace = tmp / "timeline"
-    for i, (label, clientapp, poll, threads) in enumerate(VARIANTS[:args.variants]):
+    chosen = ([VARIANTS[k - 1] for k in args.only] if args.only
+              else VARIANTS[:args.variants])
+    traced = chosen if args.only else chosen[:1]  # the timeline of every one chosen by --only
+    for i, (label, *variant) in enumerate(chosen):
         start = time.perf_counter()
-        results[label] = (*deployed(tmp, clientapp, poll, threads, settings,
-                                    trace=trace if i == 0 else None),
+        results[label] = (*deployed(tmp, *variant, settings,
+                                    trace=tmp / f"timeline-{i}" if i < len(traced) else None),
                           time.perf_counter() - start)
     start = time.perf_counter()
     fedapp("run", *settings, "--set", 'run-name="simulated"', "--output-dir",
@@ -141,8 +165,9 @@ def main() -> None:
     for label, (first, later, total) in results.items():
         print(f"| {label} | {first:.1f} | {later:.1f} | {total:.0f} |")
     # The later rounds: a training and an evaluation message to each of the two nodes.
-    print("\n" + VARIANTS[0][0] + ". "
-          + "\n".join(timeline.breakdown(trace, last=4 * (args.rounds - 1))))
+    for i, (label, *_) in enumerate(traced):
+        print("\n" + label + ". "
+              + "\n".join(timeline.breakdown(tmp / f"timeline-{i}", last=4 * (args.rounds - 1))))
 
 
 if __name__ == "__main__":

@@ -94,6 +94,17 @@ def test_supernode_threads_and_poll_reach_flower_s_processes(tmp_path, monkeypat
     assert main([*args, "--threads", "-1"]) == 2
 
 
+def test_superlink_state_in_its_database_or_in_memory(tmp_path, monkeypatch):
+    from fedapp.cli import deploy
+    started = []
+    monkeypatch.setattr(deploy, "_exec", lambda cmd, env: started.append(cmd) or 0)
+    make_certificates(tmp_path / "certs", [], 1)
+    args = ["deploy", "superlink", "--dir", str(tmp_path)]
+    assert main(args) == 0 and main([*args, "--state", "memory"]) == 0
+    databases = [cmd[cmd.index("--database") + 1] for cmd in started]
+    assert databases == [str(tmp_path / "superlink.db"), ":flwr-in-memory:"]
+
+
 # -- a real deployment on loopback (slow) -----------------------------------------------------
 @pytest.fixture
 def spawn(tmp_path):

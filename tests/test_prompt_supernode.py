@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -144,10 +145,12 @@ def pulls(monkeypatch):
     from flwr.supercore.inflatable import inflatable_utils
     fns = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
     for fn in fns:
-        for key in ("initial_backoff", "backoff_cap", "max_tries_per_object"):
+        for key in ("initial_backoff", "backoff_cap", "max_tries_per_object",
+                    "max_concurrent_pulls"):
             monkeypatch.setitem(fn.__kwdefaults__, key, fn.__kwdefaults__[key])
     monkeypatch.delenv(object_pulls.PULL_ENV, raising=False)
     monkeypatch.delenv(object_pulls.CAP_ENV, raising=False)
+    monkeypatch.delenv(object_pulls.TRANSFERS_ENV, raising=False)
     return fns
 
 
@@ -171,6 +174,30 @@ def test_object_pulls_retry_sooner_than_flowers_first_second(monkeypatch, pulls)
             with pytest.raises(SystemExit, match=env):
                 object_pulls.prompt_object_pulls()
         monkeypatch.delenv(env)
+
+
+def test_object_transfers_at_a_time_by_choice(monkeypatch, pulls):
+    from fedapp.runtime import object_pulls
+    from flwr.supercore.inflatable import inflatable_utils
+    pushes = (inflatable_utils.push_objects,
+              inflatable_utils.push_object_contents_from_iterable)
+    for fn in pushes:
+        monkeypatch.setitem(fn.__kwdefaults__, "max_concurrent_pushes",
+                            fn.__kwdefaults__["max_concurrent_pushes"])
+    monkeypatch.setattr(inflatable_utils, "get_num_workers", inflatable_utils.get_num_workers)
+    monkeypatch.delenv(object_pulls.TRANSFERS_ENV, raising=False)
+    object_pulls.prompt_object_pulls()  # unset: Flower's two at a time, capped by the cores
+    assert [fn.__kwdefaults__["max_concurrent_pulls"] for fn in pulls] == [2, 2]
+    assert inflatable_utils.get_num_workers(64) == min(64, os.cpu_count() or 1)
+    monkeypatch.setenv(object_pulls.TRANSFERS_ENV, "8")
+    object_pulls.prompt_object_pulls()
+    assert [fn.__kwdefaults__["max_concurrent_pulls"] for fn in pulls] == [8, 8]
+    assert [fn.__kwdefaults__["max_concurrent_pushes"] for fn in pushes] == [8, 8]
+    assert inflatable_utils.get_num_workers(8) == 8  # whatever the cores
+    for bad in ("0", "two", "1.5"):
+        monkeypatch.setenv(object_pulls.TRANSFERS_ENV, bad)
+        with pytest.raises(SystemExit, match=object_pulls.TRANSFERS_ENV):
+            object_pulls.prompt_object_pulls()
 
 
 def test_an_object_late_by_many_tries_is_still_pulled_with_waits_capped(monkeypatch, pulls):
@@ -215,7 +242,9 @@ def test_a_forked_clientapp_asks_its_own_node_again_sooner(monkeypatch, pulls):
 
     from fedapp.cli import warm_superexec
     from fedapp.runtime import object_pulls
+    from flwr.supernode.runtime import run_clientapp
     monkeypatch.setattr(run_superexec, "get_executor", run_superexec.get_executor)
+    monkeypatch.setattr(run_clientapp, "install_from_fab", run_clientapp.install_from_fab)
     monkeypatch.setattr(warm_superexec, "preload", lambda: None)
     monkeypatch.setattr(flwr.supercore.cli, "flower_superexec", lambda: None)
     monkeypatch.setattr(sys, "argv", ["warm_superexec"])

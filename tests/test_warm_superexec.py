@@ -74,7 +74,44 @@ def test_close_stops_running_children():
 
 
 def test_install_makes_flowers_superexec_fork(monkeypatch):
+    from flwr.supernode.runtime import run_clientapp
     monkeypatch.setattr(run_superexec, "get_executor", run_superexec.get_executor)
+    monkeypatch.setattr(run_clientapp, "install_from_fab", run_clientapp.install_from_fab)
     assert warm_superexec.install()
     assert isinstance(run_superexec.get_executor(ExecutorType.SUBPROCESS, None, insecure=True,
                                                  root_certificates_path=None), ForkExecutor)
+
+
+def test_a_fab_is_installed_once_per_machine(tmp_path, monkeypatch):
+    # Flower's install (here a stand-in that makes the app's folder) runs for a FAB not seen
+    # before, or whose folder is gone; the same bytes again get the folder without it.
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    calls = []
+
+    def flower_install(fab, install_dir=None, skip_prompt=False):
+        calls.append(fab)
+        folder = tmp_path / "apps" / f"app.{len(calls)}"
+        folder.mkdir(parents=True)
+        return folder
+
+    install = warm_superexec.install_fab_once(flower_install)
+    first = install(b"fab one", skip_prompt=True)
+    assert install(b"fab one", skip_prompt=True) == first and calls == [b"fab one"]
+    assert install(b"fab two", skip_prompt=True) != first and len(calls) == 2
+    first.rmdir()
+    assert install(b"fab one", skip_prompt=True).is_dir() and len(calls) == 3
+    # Another folder or a prompt: Flower's own install every time.
+    install(b"fab one", tmp_path / "elsewhere", True)
+    install(b"fab one")
+    assert len(calls) == 5
+
+
+def test_install_makes_the_clientapp_install_a_fab_once(monkeypatch):
+    from flwr.cli.install import install_from_fab as flowers
+    from flwr.supernode.runtime import run_clientapp
+    monkeypatch.setattr(run_superexec, "get_executor", run_superexec.get_executor)
+    monkeypatch.setattr(run_clientapp, "install_from_fab", flowers)
+    assert warm_superexec.install()
+    once = run_clientapp.install_from_fab
+    assert once is not flowers and once.installs_once
+    assert warm_superexec.install() and run_clientapp.install_from_fab is once  # not twice

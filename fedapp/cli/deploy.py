@@ -38,6 +38,7 @@ DEFAULT_DIR = Path("deployment")
 CONNECTION = "fedapp"  # the name of the SuperLink connection in flwr-home/config.toml
 DEFAULT_SUPERLINK_PORT = 9092
 DEFAULT_SUPERNODE_PORT = 9094
+IN_MEMORY_STATE = ":flwr-in-memory:"  # flwr 1.41's name for its in-process link state
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
@@ -200,7 +201,12 @@ def cmd_superlink(args: argparse.Namespace) -> int:
            # Else every run `uv sync`s the app's dependencies into a fresh env (~5.5 GB).
            "--disable-runtime-dependency-installation",
            "--host", args.host, "--port", str(args.port),
-           "--database", str(args.dir / "superlink.db")]
+           # Flower keeps its link state and every message's objects in this database: SQL
+           # reads and writes for each object a node sends or fetches. ":flwr-in-memory:" is
+           # the state a simulation uses, Python objects in the process, lost with it (Flower's
+           # ":memory:" is SQLite in memory, which fails its concurrent commits on 1.41).
+           "--database", (IN_MEMORY_STATE if args.state == "memory"
+                          else str(args.dir / "superlink.db"))]
     if args.log_file:
         cmd += ["--log-file", str(args.log_file)]
     return _exec(cmd, flower_env(args.dir / "superlink-home"))
@@ -356,6 +362,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_SUPERLINK_PORT,
                    help=f"its one port for all APIs (default: {DEFAULT_SUPERLINK_PORT})")
     p.add_argument("--log-file", type=Path, help="also write the log there")
+    p.add_argument("--state", choices=("database", "memory"), default="database",
+                   help="where the SuperLink keeps registered keys, runs and messages: "
+                        "DIR/superlink.db (default; they survive a restart, which "
+                        "`fedapp deploy run --resume` needs) or its memory (no database "
+                        "writes per message; lost when it stops: register the keys again)")
 
     p = step("connect", cmd_connect, "tell flwr where the SuperLink is (flwr-home/config.toml)")
     p.add_argument("address", help="the SuperLink as HOST:PORT (a name in its certificate)")

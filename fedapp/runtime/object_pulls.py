@@ -12,6 +12,7 @@ PULL_ENV = "FEDAPP_OBJECT_PULL_SECONDS"
 DEFAULT_PULL_SECONDS = 0.05
 CAP_ENV = "FEDAPP_OBJECT_PULL_CAP_SECONDS"
 DEFAULT_CAP_SECONDS = 0.1
+TRANSFERS_ENV = "FEDAPP_OBJECT_TRANSFERS"
 # A ClientApp asks its own SuperNode, on the same machine, whose answer costs no SuperLink
 # traffic: it asks again sooner.
 NODE_LOCAL_PULL_SECONDS, NODE_LOCAL_CAP_SECONDS = 0.01, 0.02
@@ -41,7 +42,31 @@ def prompt_object_pulls(first_wait: float = DEFAULT_PULL_SECONDS,
     for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
         fn.__kwdefaults__.update(initial_backoff=first_wait, backoff_cap=max(cap, first_wait),
                                  max_tries_per_object=None)
+    concurrent_transfers(inflatable_utils, os.environ.get(TRANSFERS_ENV))
     return True
+
+
+def concurrent_transfers(inflatable_utils, text: str | None) -> None:
+    """With ``FEDAPP_OBJECT_TRANSFERS`` set to n: a message's objects (every array, and the
+    records around them, is one) are pushed and pulled n at a time. Flower sends each object in
+    a call of its own, at most two at a time and never more than the machine's cores
+    (``FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS``/``PUSHES``, capped by ``get_num_workers``);
+    these calls mostly wait for the other side, so the cores are the wrong limit. Unset:
+    Flower's own."""
+    if text is None:
+        return
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise SystemExit(f"fedapp: {TRANSFERS_ENV} = {text!r} is not a positive whole number")
+    inflatable_utils.get_num_workers = lambda max_concurrent: max_concurrent
+    for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
+        fn.__kwdefaults__["max_concurrent_pulls"] = n
+    for fn in (inflatable_utils.push_objects,
+               inflatable_utils.push_object_contents_from_iterable):
+        fn.__kwdefaults__["max_concurrent_pushes"] = n
 
 
 def positive_seconds(text: str | None, name: str, default: float) -> float:
