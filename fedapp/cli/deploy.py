@@ -364,9 +364,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-file", type=Path, help="also write the log there")
     p.add_argument("--state", choices=("database", "memory"), default="database",
                    help="where the SuperLink keeps registered keys, runs and messages: "
-                        "DIR/superlink.db (default; they survive a restart, which "
-                        "`fedapp deploy run --resume` needs) or its memory (no database "
-                        "writes per message; lost when it stops: register the keys again)")
+                        "DIR/superlink.db (default; they survive a restart) or its memory "
+                        "(no database work per message; lost when it stops: register the "
+                        "keys again after a restart)")
 
     p = step("connect", cmd_connect, "tell flwr where the SuperLink is (flwr-home/config.toml)")
     p.add_argument("address", help="the SuperLink as HOST:PORT (a name in its certificate)")

@@ -50,9 +50,10 @@ def concurrent_transfers(inflatable_utils, text: str | None) -> None:
     """With ``FEDAPP_OBJECT_TRANSFERS`` set to n: a message's objects (every array, and the
     records around them, is one) are pushed and pulled n at a time. Flower sends each object in
     a call of its own, at most two at a time and never more than the machine's cores
-    (``FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS``/``PUSHES``, capped by ``get_num_workers``);
-    these calls mostly wait for the other side, so the cores are the wrong limit. Unset:
-    Flower's own."""
+    (``FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS``/``PUSHES``, capped by ``get_num_workers``).
+    Where each call waits on a network more than on the cores, more at a time may help; on one
+    2-core machine running the whole deployment it gave no consistent gain (docs/benchmarks.md).
+    Unset: Flower's own."""
     if text is None:
         return
     try:
