@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (ROOT, cell, mean_std, per_architecture, per_client_accuracies, plot_panels,
-                    run_experiment, write_generated)
+from common import (ROOT, cell, mean_std, paired, per_architecture, per_client_accuracies,
+                    plot_panels, run_experiment, write_generated)
 
 PRESET = "compfl-fmnist"
 SCRIPT = "reproduce/compfl_fmnist.py"
@@ -58,6 +58,22 @@ def row(label: str, summaries: list[dict]) -> str:
             f"{com['floats_per_client_per_round_up']:.0f} / "
             f"{com['floats_per_client_per_round_down']:.0f} | "
             f"{mean_std(s['wall_seconds'] for s in summaries)[0]:.0f} |")
+
+
+# The paper's claims, each a difference of two rows of a table, paired by seed.
+PAIRS = [("CompFL", "FedPer"), ("CompFL", "FedRep"), ("CompFL", "Standalone"),
+         ("FedRep", "Standalone"), ("FedPer", "Standalone"), ("LG-FedAvg", "Standalone")]
+BASELINE = "FedPer (baseline of Table 3)"
+
+
+def paired_line(results: dict[str, list[dict]], pairs: list[tuple[str, str]]) -> str:
+    """The differences of ``pairs`` of rows, each run against the run of the same seed."""
+    if len(next(iter(results.values()))) < 2:
+        return ""  # one seed: no spread to judge a difference by
+    return ("Paired by seed (mean ± std over seeds of the difference in local accuracy): "
+            + "; ".join("{} − {} {:+.4f} ± {:.4f}".format(a, b.split(" (")[0],
+                                                         *paired(results[a], results[b]))
+                        for a, b in pairs if a in results and b in results) + ".")
 
 
 TABLE_HEAD = ["| method | local accuracy (mean over clients; ± std over seeds) | per "
@@ -108,16 +124,19 @@ def main() -> None:
                        for label, overrides in METHODS}
             title = f"N = {n}, {labels} labels"
             tables.append("\n".join([f"### {title}", "", *TABLE_HEAD,
-                                     *(row(label, s) for label, s in results.items())]))
+                                     *(row(label, s) for label, s in results.items()), "",
+                                     paired_line(results, PAIRS)]).rstrip())
             panels[title] = results
     if ablation:
         n = args.ablation_classes
         results = {" + ".join(on): runs("ablation-" + "-".join(on), ablation_overrides(on), n,
                                         False) for on in ablation}
         results["align + greedy + kd (CompFL)"] = runs("compfl", {"method": "compfl"}, n, False)
-        results["FedPer (baseline of Table 3)"] = runs("fedper", {"method": "fedper"}, n, False)
+        results[BASELINE] = runs("fedper", {"method": "fedper"}, n, False)
         tables.append("\n".join([f"### Ablation (Table 3): N = {n}, unified labels", "",
-                                 *TABLE_HEAD, *(row(label, s) for label, s in results.items())]))
+                                 *TABLE_HEAD, *(row(label, s) for label, s in results.items()),
+                                 "", paired_line(results, [(label, BASELINE) for label in results
+                                                           if label != BASELINE])]).rstrip())
     rounds = next(iter(panels.values()))["CompFL"][0]["rounds"]
     plot = args.doc.parent / "compfl-fmnist.png"
     plot_panels(panels, plot)

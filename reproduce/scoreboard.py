@@ -48,7 +48,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (ROOT, add_resource_options, finished, mean_std,  # noqa: E402
-                    mean_client_accuracy, resource_overrides, run_parallel, run_seeds,
+                    mean_client_accuracy, paired, resource_overrides, run_parallel, run_seeds,
                     write_generated)
 
 SCRIPT = "reproduce/scoreboard.py"
@@ -178,13 +178,6 @@ def runs(setting: str, method: str, loop: str, variant: str, seeds: list[int],
         return None
     return run_seeds(None, {**overrides(setting, method, loop, variant), **resources}, name,
                      seeds, out)
-
-
-def paired(mine: list[dict], base: list[dict]) -> tuple[float, float]:
-    """Mean ± std over the seeds of the seed-by-seed difference: a run and its Standalone
-    share the partition and the models' initial weights, so this spread is the one that
-    tells whether the method changed anything."""
-    return mean_std(mean_client_accuracy(x) - mean_client_accuracy(y) for x, y in zip(mine, base))
 
 
 def label(method: str, loop: str, variant: str) -> str:
