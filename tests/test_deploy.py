@@ -129,10 +129,15 @@ def spawn(tmp_path):
     stop_all()
 
 
-@pytest.mark.slow
-@pytest.mark.long
-def test_tls_deployment_with_authenticated_supernodes(tmp_path, spawn):
-    began = time.monotonic()
+def _deployment(tmp_path: Path, spawn, *superlink_options: str):
+    """A loopback deployment: a SuperLink with TLS and SuperNode authentication, the keys of
+    site0 and site1 registered (and an intruder's made, not registered), site0 taking its
+    partition by id, site1 reading the data-dir exported for it. Returns a function starting a
+    further SuperNode by its key's name, and one making a ``fedapp deploy run`` of the smoke
+    preset, one round (in deployment every message runs in a ClientApp process of its own,
+    forked by the SuperNode's warm SuperExec; what crosses rounds is tested in simulation),
+    which returns its stdout and summary once the exit status and the SuperLink's own word on
+    the run (the exit status already depends on it) say it completed."""
     d = ["--dir", str(tmp_path / "deployment")]
     assert main(["deploy", "certs", *d]) == 0
     assert main(["deploy", "node-key", "site0", "site1", "intruder", *d]) == 0
@@ -141,7 +146,7 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path, spawn):
                  "--out", str(tmp_path / "site1-data")]) == 0
 
     port = _free_port()
-    superlink = spawn("superlink", "superlink", "--port", str(port), *d)
+    superlink = spawn("superlink", "superlink", "--port", str(port), *superlink_options, *d)
     wait_for_port(superlink, port, "the SuperLink", tmp_path / "superlink.log")
     address = f"127.0.0.1:{port}"
     assert main(["deploy", "connect", address, *d]) == 0
@@ -155,17 +160,10 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path, spawn):
 
     supernode("site0", "partition-id=0 num-partitions=2 device=\"cpu\"")
     supernode("site1", f'partition-id=1 num-partitions=2 data-dir="{tmp_path / "site1-data"}"')
-    # Its key was never registered: the SuperLink must refuse it (it gives up after 1 retry).
-    intruder = supernode("intruder", "partition-id=0 num-partitions=2", "--max-retries", "1")
-
     out = tmp_path / "results"
     env = connected_env(tmp_path / "deployment" / "flwr-home")
 
     def deployed_run(name: str, *settings: str) -> tuple[str, dict]:
-        """``fedapp deploy run`` of the smoke preset, one round: in deployment every message
-        runs in a ClientApp process of its own (forked by the SuperNode's warm SuperExec);
-        what crosses rounds is tested in simulation. Its stdout and summary, once the exit status and the SuperLink's own
-        word on the run (the exit status already depends on it) say it completed."""
         proc = subprocess.run([*FEDAPP, "deploy", "run", "smoke", *RUN_SETTINGS, *settings,
                                "--set", "num-server-rounds=1", "--set", f'run-name="{name}"',
                                "--output-dir", str(out), *d],
@@ -176,6 +174,16 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path, spawn):
                       if "Successfully started run" in line)
         assert run_status(env, run_id) == "finished:completed"
         return proc.stdout, json.loads((out / name / "summary.json").read_text())
+    return supernode, deployed_run, env
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_tls_deployment_with_authenticated_supernodes(tmp_path, spawn):
+    began = time.monotonic()
+    supernode, deployed_run, env = _deployment(tmp_path, spawn)
+    # Its key was never registered: the SuperLink must refuse it (it gives up after 1 retry).
+    intruder = supernode("intruder", "partition-id=0 num-partitions=2", "--max-retries", "1")
 
     stdout, summary = deployed_run("deployed")
     assert stdout.count("[fedapp] round") == 1
@@ -194,7 +202,7 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path, spawn):
     assert summary["loop"] == "walk" and summary["updates"]["committed"] == 2
     # One update per walker, where it started: the topology is there, no edge crossed yet.
     assert summary["peer_traffic"]["edges"] == 1
-    assert (out / "deployed-walk" / "edges.json").exists()
+    assert (tmp_path / "results" / "deployed-walk" / "edges.json").exists()
 
     # A shared-model method: FML's meme model (FedGH's CNN-5 at d = 512, the smallest of the
     # mix: 531,390 floats), the largest payload here, crosses the wire whole each way.
@@ -214,6 +222,19 @@ def test_tls_deployment_with_authenticated_supernodes(tmp_path, spawn):
 
     assert spawn.stop_all() == []  # no process of ours left behind
     print(f"deployment test: {time.monotonic() - began:.0f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_superlink_keeping_its_state_in_memory_serves_a_run(tmp_path, spawn):
+    # `--state memory`: Flower's in-process link state and object store instead of the
+    # database (docs/deployment.md); registration, a round and the results as above.
+    _, deployed_run, _ = _deployment(tmp_path, spawn, "--state", "memory")
+    _, summary = deployed_run("deployed-memory")
+    assert summary["rounds"] == 1 and summary["failures"] == 0
+    assert set(summary["accuracy"]["per_client"]) == {"0", "1"}
+    assert not (tmp_path / "deployment" / "superlink.db").exists()
+    assert spawn.stop_all() == []
 
 
 def _outcome(run_dir: Path) -> list:
