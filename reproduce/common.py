@@ -89,12 +89,13 @@ def record(out_dir: Path, run_name: str, origin: Mapping[str, Any],
         path.write_text(json.dumps({**summary, "provenance": dict(origin)}, indent=1) + "\n")
     kept = json.loads(path.read_text())
     if read:
-        READ.append(kept)
+        READ[path] = kept
     return kept
 
 
-# Every run this process has read (its record): where a script's tables come from.
-READ: list[dict[str, Any]] = []
+# Every run this process has read (its record, by its path: a run two tables share, such as
+# CompFL's in its comparison and its ablation, is one run): where a script's tables come from.
+READ: dict[Path, dict[str, Any]] = {}
 
 
 def provenance_line(summaries: Iterable[Mapping[str, Any]]) -> str:
@@ -358,7 +359,7 @@ def write_generated(doc: Path, script: str, text: str) -> None:
     that part if it does not exist."""
     begin, end = GENERATED_BEGIN.format(script=script), GENERATED_END.format(script=script)
     if READ:
-        text = f"{text.rstrip()}\n\n{provenance_line(READ)}"
+        text = f"{text.rstrip()}\n\n{provenance_line(READ.values())}"
     block = f"{begin}\n{text.rstrip()}\n{end}"
     old = doc.read_text() if doc.exists() else ""
     if begin in old and end in old:

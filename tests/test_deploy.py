@@ -137,7 +137,8 @@ def _deployment(tmp_path: Path, spawn, *superlink_options: str):
     preset, one round (in deployment every message runs in a ClientApp process of its own,
     forked by the SuperNode's warm SuperExec; what crosses rounds is tested in simulation),
     which returns its stdout and summary once the exit status and the SuperLink's own word on
-    the run (the exit status already depends on it) say it completed."""
+    the run (the exit status already depends on it) say it completed; and the environment of
+    plain ``flwr`` commands connected to the SuperLink."""
     d = ["--dir", str(tmp_path / "deployment")]
     assert main(["deploy", "certs", *d]) == 0
     assert main(["deploy", "node-key", "site0", "site1", "intruder", *d]) == 0

@@ -53,7 +53,7 @@ def records(tmp_path, monkeypatch):
     """A records folder of the test's own (never the repository's)."""
     folder = tmp_path / "records"
     monkeypatch.setattr(common, "RECORDS", folder)
-    monkeypatch.setattr(common, "READ", [])
+    monkeypatch.setattr(common, "READ", {})
     return folder
 
 
@@ -117,7 +117,9 @@ def test_a_sweep_counts_each_of_its_runs_once_in_the_tables_provenance(tmp_path,
     common.run_seeds(None, {}, "d", [0, 1], out)
     assert len(common.READ) == 2
     assert "This script's 2 runs were made at commits abcdef1 (2)" in common.provenance_line(
-        common.READ)
+        common.READ.values())
+    common.run_seeds(None, {}, "d", [0, 1], out)  # the same runs read again by another table
+    assert len(common.READ) == 2
 
 
 def test_a_table_says_where_its_runs_were_made():

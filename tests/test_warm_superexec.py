@@ -82,7 +82,7 @@ def test_install_makes_flowers_superexec_fork(monkeypatch):
                                                  root_certificates_path=None), ForkExecutor)
 
 
-def test_a_fab_is_installed_once_per_machine(tmp_path, monkeypatch):
+def test_a_fab_is_installed_once_per_node(tmp_path, monkeypatch):
     # Flower's install (here a stand-in that makes the app's folder) runs for a FAB not seen
     # before, or whose folder is gone; the same bytes again get the folder without it.
     monkeypatch.setenv("FLWR_HOME", str(tmp_path))

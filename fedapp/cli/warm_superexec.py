@@ -42,7 +42,7 @@ VERSION = "1.41.0"  # the Flower release whose executor interface this one imple
 POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 POLL_SECONDS = "0.05"
 KEEP_EXIT_CODES = 1000
-INSTALLED_FABS = "fedapp-installed-fabs"  # under FLWR_HOME: the FABs installed, by SHA-256
+INSTALLED_FABS = "fedapp-installed-fabs"  # under the node's FLWR_HOME: FABs installed, by SHA-256
 # What a ClientApp of this project imports that costs seconds; each is imported if installed.
 # torch._dynamo (with sympy) is what torch imports at the first optimizer step.
 PRELOAD = ("numpy", "torch", "torch._dynamo", "torch.optim", "torchvision", "datasets",
