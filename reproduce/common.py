@@ -287,12 +287,15 @@ def cell(values: Iterable[float], digits: int = 4) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def paired(mine: Sequence[Mapping[str, Any]], base: Sequence[Mapping[str, Any]]
-           ) -> tuple[float, float]:
-    """Mean ± std over the seeds of the seed-by-seed difference of the mean client accuracy:
-    two runs of one seed share the partition and the models' initial weights, so this spread
-    is the one that tells whether a method changed anything."""
-    return mean_std(mean_client_accuracy(x) - mean_client_accuracy(y) for x, y in zip(mine, base))
+def paired(mine: Sequence[Mapping[str, Any]], base: Sequence[Mapping[str, Any]],
+           metric=None) -> tuple[float, float]:
+    """Mean ± std over the seeds of the seed-by-seed difference of ``metric`` (default the mean
+    client accuracy): two runs of one seed share the partition and the models' initial
+    weights, so this spread is the one that tells whether a method changed anything."""
+    metric = metric or mean_client_accuracy
+    if len(mine) != len(base):
+        raise ValueError(f"paired runs: {len(mine)} seeds against {len(base)}")
+    return mean_std(metric(x) - metric(y) for x, y in zip(mine, base))
 
 
 def per_client_accuracies(summary: Mapping[str, Any]) -> list[float]:
