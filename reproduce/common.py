@@ -287,17 +287,6 @@ def cell(values: Iterable[float], digits: int = 4) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
-def paired(mine: Sequence[Mapping[str, Any]], base: Sequence[Mapping[str, Any]],
-           metric=None) -> tuple[float, float]:
-    """Mean ± std over the seeds of the seed-by-seed difference of ``metric`` (default the mean
-    client accuracy): two runs of one seed share the partition and the models' initial
-    weights, so this spread is the one that tells whether a method changed anything."""
-    metric = metric or mean_client_accuracy
-    if len(mine) != len(base):
-        raise ValueError(f"paired runs: {len(mine)} seeds against {len(base)}")
-    return mean_std(metric(x) - metric(y) for x, y in zip(mine, base))
-
-
 def per_client_accuracies(summary: Mapping[str, Any]) -> list[float]:
     """The last round's per-client local test accuracies."""
     return [float(v) for v in summary["accuracy"]["per_client"].values()]
@@ -306,6 +295,16 @@ def per_client_accuracies(summary: Mapping[str, Any]) -> list[float]:
 def mean_client_accuracy(summary: Mapping[str, Any]) -> float:
     """The mean of the last round's per-client local test accuracies (a table cell's unit)."""
     return float(np.mean(per_client_accuracies(summary)))
+
+
+def paired(mine: Sequence[Mapping[str, Any]], base: Sequence[Mapping[str, Any]],
+           metric=mean_client_accuracy) -> tuple[float, float]:
+    """Mean ± std over the seeds of the seed-by-seed difference of ``metric`` (default the mean
+    client accuracy): two runs of one seed share the partition and the models' initial
+    weights, so this spread is the one that tells whether a method changed anything."""
+    if len(mine) != len(base):
+        raise ValueError(f"paired runs: {len(mine)} seeds against {len(base)}")
+    return mean_std(metric(x) - metric(y) for x, y in zip(mine, base))
 
 
 def plot_curves(groups: Mapping[str, Sequence[Mapping[str, Any]]], path: Path,
