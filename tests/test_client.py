@@ -38,6 +38,34 @@ def test_private_model_survives_the_client_object_and_the_process_cache():
     assert set(from_ndarrays(arrays)) == {"head.weight", "head.bias"}
 
 
+def test_the_process_caches_are_bounded_by_bytes_and_keep_the_newest():
+    cache = client_base.BytesBoundedCache(10, size_of=len)
+    cache.put("a", "xxxx")
+    cache.put("b", "xxxx")
+    assert cache.take("a") == "xxxx"  # now the most recently used: "b" goes first
+    cache.put("c", "xxxx")
+    assert list(cache) == ["a", "c"]
+    cache.put("huge", "x" * 50)  # larger than the budget: kept alone, the others evicted
+    assert list(cache) == ["huge"] and cache.take("a") is None
+
+
+def test_a_process_serving_twenty_clients_keeps_all_their_shards_and_models():
+    # One Ray actor serves every virtual client of its share, all fits of a round and then
+    # all evaluations: a cache smaller than that share would rebuild a shard and a model
+    # for every message.
+    n = 20
+    client_base._MODEL_CACHE.clear()
+    first, contexts = {}, [context(pid, n) for pid in range(n)]
+    for pid in range(n):
+        c = client("standalone", contexts[pid], num_clients=n)
+        c.fit([], {"server-round": 1})
+        first[pid] = (c.data, c.model)
+    for pid in range(n):
+        c = client("standalone", contexts[pid], num_clients=n)
+        assert c.data is first[pid][0]
+        assert c._restore_model() is first[pid][1]
+
+
 @pytest.mark.parametrize("init", ["per-client", "per-architecture", "shared"])
 def test_model_init_per_client_or_shared_by_the_clients_of_an_architecture(init):
     # Clients 0 and 3 of four get cnn5 (round-robin over three architectures).

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -46,12 +46,75 @@ ROUND_KEY = "fedapp.round"  # the round after which context.state was last saved
 # and step), kept beside the private model wherever context.state goes (memory, the idle file
 # of client-state = "disk", checkpoints, a SuperNode's state-dir), and never sent.
 OPTIMIZER_STATE_KEY = "fedapp.optimizer.{name}"
+
+
+class BytesBoundedCache:
+    """Least recently used entries, evicted once their total size passes ``budget`` bytes
+    (the newest entry is always kept, however large).
+
+    Bounded by bytes, not entries: one Ray actor serves every virtual client of its share,
+    and Flower sends a round's fits, then its evaluations, so a cache holding fewer clients
+    than an actor serves misses on every message. Twenty small CNNs and their shards fit in
+    a few hundred MB; a bound by entries would have to be tuned to each model and dataset."""
+
+    def __init__(self, budget: int, size_of: Callable[[Any], int]) -> None:
+        self.budget = budget
+        self.size_of = size_of
+        self.entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self.total = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(self.entries)
+
+    def put(self, key: Hashable, value: Any) -> None:
+        self.pop(key)
+        size = self.size_of(value)
+        self.entries[key] = (value, size)
+        self.total += size
+        while len(self.entries) > 1 and self.total > self.budget:
+            self.total -= self.entries.popitem(last=False)[1][1]
+
+    def take(self, key: Hashable) -> Any:
+        """The entry of ``key`` (None if absent), now the most recently used."""
+        if key not in self.entries:
+            return None
+        self.entries.move_to_end(key)
+        return self.entries[key][0]
+
+    def pop(self, key: Hashable, default: Any = None) -> Any:
+        """Remove and return the entry of ``key`` (``default`` if absent)."""
+        if key not in self.entries:
+            return default
+        value, size = self.entries.pop(key)
+        self.total -= size
+        return value
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.total = 0
+
+
+def tensors_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def client_tensors(shard: ClientData) -> tuple[torch.Tensor, ...]:
+    return (shard.train_x, shard.train_y, shard.val_x, shard.val_y, shard.test_x, shard.test_y)
+
+
 # Built models kept per process: rebuilding (and re-initialising) a model for every message
 # costs more than a round of training on small shards. A cached model is used as it is only
 # when its version matches the one saved in context.state; otherwise the state is loaded into
-# it. Bounded, so a process serving many virtual clients does not hoard memory.
-_MODEL_CACHE: OrderedDict[tuple, tuple[int, torch.nn.Module]] = OrderedDict()
-MODEL_CACHE_SIZE = 16
+# it. Bounded by bytes of parameters and buffers, so a process serving many virtual clients
+# does not hoard memory (on a GPU too: the models sit on the client's device).
+_MODEL_CACHE = BytesBoundedCache(
+    1 << 30, lambda entry: tensors_bytes(entry[1].state_dict().values()))
+# Clients' shards on their device, bounded likewise (the global test subset is kept once for
+# all of them, by _global_test).
+_DATA_CACHE = BytesBoundedCache(1 << 30, lambda shard: tensors_bytes(client_tensors(shard)))
 
 
 class InjectedFault(RuntimeError):
@@ -146,31 +209,35 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer,
                                "param_groups": optimizer.state_dict()["param_groups"]})
 
 
-@functools.lru_cache(maxsize=4)
 def _device_data(cfg: RunConfig, partition_id: int, device: str,
-                 data_dir: str = "") -> tuple[ClientData, Any]:
-    """This client's shard (and the global test subset) on ``device``, once per process.
+                 data_dir: str = "") -> ClientData:
+    """This client's shard on ``device``, kept in the process (``_DATA_CACHE``).
 
     The shard is partition ``partition_id`` of the run's dataset, or, when the node config
-    names a ``data-dir``, the node's own data (``fedapp.data.local_data``): then the shared dataset
-    is loaded only for ``eval-global-test``."""
-    if data_dir:
-        shard = load_local_data(data_dir, *expected_input(cfg), cfg.dataset)
-        data = setup.dataset(cfg) if cfg.eval_global_test else None
-    else:
-        data = setup.dataset(cfg)
-        shard = load_client_data(data, setup.partition_spec(cfg), partition_id)
-    shard = ClientData(*(t.to(device) for t in (shard.train_x, shard.train_y, shard.val_x,
-                                                shard.val_y, shard.test_x, shard.test_y)))
-    global_test = None
-    if data is not None and cfg.eval_global_test:
-        n = len(data.test_y)
-        take = n if cfg.global_test_samples == 0 else min(n, cfg.global_test_samples)
-        # The same subset for every client, so their global accuracies are comparable.
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(
-            derive_seed(cfg.seed, "global-test")))[:take]
-        global_test = (data.test_x[order].to(device), data.test_y[order].to(device))
-    return shard, global_test
+    names a ``data-dir``, the node's own data (``fedapp.data.local_data``)."""
+    key = (cfg, partition_id, device, data_dir)
+    shard = _DATA_CACHE.take(key)
+    if shard is None:
+        if data_dir:
+            shard = load_local_data(data_dir, *expected_input(cfg), cfg.dataset)
+        else:
+            shard = load_client_data(setup.dataset(cfg), setup.partition_spec(cfg), partition_id)
+        shard = ClientData(*(t.to(device) for t in client_tensors(shard)))
+        _DATA_CACHE.put(key, shard)
+    return shard
+
+
+@functools.lru_cache(maxsize=2)
+def _global_test(cfg: RunConfig, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global test subset of ``eval-global-test`` on ``device``: the same for every client,
+    so their global accuracies are comparable, and kept once per process for all of them. A
+    node with its own data-dir loads the shared dataset only for this."""
+    data = setup.dataset(cfg)
+    n = len(data.test_y)
+    take = n if cfg.global_test_samples == 0 else min(n, cfg.global_test_samples)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(
+        derive_seed(cfg.seed, "global-test")))[:take]
+    return data.test_x[order].to(device), data.test_y[order].to(device)
 
 
 class FedClient(NumPyClient):
@@ -209,12 +276,12 @@ class FedClient(NumPyClient):
     @functools.cached_property
     def data(self) -> ClientData:
         """This client's train / val / test tensors, on its device."""
-        return _device_data(self.cfg, self.partition_id, str(self.device), self.data_dir)[0]
+        return _device_data(self.cfg, self.partition_id, str(self.device), self.data_dir)
 
     @functools.cached_property
     def global_test(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The shared global-test subset (with ``eval-global-test``), else None."""
-        return _device_data(self.cfg, self.partition_id, str(self.device), self.data_dir)[1]
+        return _global_test(self.cfg, str(self.device)) if self.cfg.eval_global_test else None
 
     @functools.cached_property
     def num_classes(self) -> int:
@@ -247,9 +314,8 @@ class FedClient(NumPyClient):
 
         Only after a message succeeded: a client that crashed mid-training leaves no cached
         model behind, so its next message starts again from what it last saved."""
-        _MODEL_CACHE[(self.context.run_id, self.cfg, self.partition_id)] = (version, self.model)
-        while len(_MODEL_CACHE) > MODEL_CACHE_SIZE:
-            _MODEL_CACHE.popitem(last=False)
+        _MODEL_CACHE.put((self.context.run_id, self.cfg, self.partition_id),
+                         (version, self.model))
 
     # -- what a method changes ---------------------------------------------------------------
     def read_payload(self, parameters: list[np.ndarray], config: Mapping[str, Any]) -> Payload:
