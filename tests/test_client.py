@@ -49,6 +49,17 @@ def test_the_process_caches_are_bounded_by_bytes_and_keep_the_newest():
     assert list(cache) == ["huge"] and cache.take("a") is None
 
 
+def test_the_cache_budget_comes_from_the_environment_and_refuses_nonsense(monkeypatch):
+    monkeypatch.delenv("FEDAPP_CLIENT_CACHE_MIB", raising=False)
+    assert client_base.cache_budget() == 1 << 30
+    monkeypatch.setenv("FEDAPP_CLIENT_CACHE_MIB", "0.5")
+    assert client_base.cache_budget() == 1 << 19
+    for bad in ("-1", "lots", "nan"):
+        monkeypatch.setenv("FEDAPP_CLIENT_CACHE_MIB", bad)
+        with pytest.raises(ConfigError, match="FEDAPP_CLIENT_CACHE_MIB"):
+            client_base.cache_budget()
+
+
 def test_a_process_serving_twenty_clients_keeps_all_their_shards_and_models():
     # One Ray actor serves every virtual client of its share, all fits of a round and then
     # all evaluations: a cache smaller than that share would rebuild a shard and a model

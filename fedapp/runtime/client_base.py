@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import signal
 import sys
 import threading
@@ -105,16 +106,31 @@ def client_tensors(shard: ClientData) -> tuple[torch.Tensor, ...]:
     return (shard.train_x, shard.train_y, shard.val_x, shard.val_y, shard.test_x, shard.test_y)
 
 
+def cache_budget() -> int:
+    """Bytes each of the process's two client caches may hold: ``FEDAPP_CLIENT_CACHE_MIB``
+    MiB (default 1024). Both sit on the clients' device, so several simulated clients sharing
+    a small GPU may need less."""
+    value = os.environ.get("FEDAPP_CLIENT_CACHE_MIB", "1024")
+    try:
+        mib = float(value)
+    except ValueError:
+        mib = -1.0
+    if not mib >= 0:
+        raise ConfigError(f"FEDAPP_CLIENT_CACHE_MIB must be a number of MiB >= 0; got {value!r}")
+    return int(mib * 2**20)
+
+
 # Built models kept per process: rebuilding (and re-initialising) a model for every message
 # costs more than a round of training on small shards. A cached model is used as it is only
 # when its version matches the one saved in context.state; otherwise the state is loaded into
 # it. Bounded by bytes of parameters and buffers, so a process serving many virtual clients
 # does not hoard memory (on a GPU too: the models sit on the client's device).
 _MODEL_CACHE = BytesBoundedCache(
-    1 << 30, lambda entry: tensors_bytes(entry[1].state_dict().values()))
+    cache_budget(), lambda entry: tensors_bytes(entry[1].state_dict().values()))
 # Clients' shards on their device, bounded likewise (the global test subset is kept once for
 # all of them, by _global_test).
-_DATA_CACHE = BytesBoundedCache(1 << 30, lambda shard: tensors_bytes(client_tensors(shard)))
+_DATA_CACHE = BytesBoundedCache(cache_budget(),
+                                lambda shard: tensors_bytes(client_tensors(shard)))
 
 
 class InjectedFault(RuntimeError):
