@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import signal
 import sys
@@ -53,10 +54,11 @@ class BytesBoundedCache:
     """Least recently used entries, evicted once their total size passes ``budget`` bytes
     (the newest entry is always kept, however large).
 
-    Bounded by bytes, not entries: one Ray actor serves every virtual client of its share,
-    and Flower sends a round's fits, then its evaluations, so a cache holding fewer clients
-    than an actor serves misses on every message. Twenty small CNNs and their shards fit in
-    a few hundred MB; a bound by entries would have to be tuned to each model and dataset."""
+    Bounded by bytes, not entries: in simulation a Ray actor serves whichever virtual clients
+    Flower hands it, up to all of them, and Flower sends a round's fits, then its evaluations,
+    so a cache holding fewer clients than an actor serves misses on every message. Twenty
+    small CNNs and their shards fit in a few hundred MB; a bound by entries would have to be
+    tuned to each model and dataset."""
 
     def __init__(self, budget: int, size_of: Callable[[Any], int]) -> None:
         self.budget = budget
@@ -108,14 +110,14 @@ def client_tensors(shard: ClientData) -> tuple[torch.Tensor, ...]:
 
 def cache_budget() -> int:
     """Bytes each of the process's two client caches may hold: ``FEDAPP_CLIENT_CACHE_MIB``
-    MiB (default 1024). Both sit on the clients' device, so several simulated clients sharing
-    a small GPU may need less."""
+    MiB (default 1024). Both sit on the clients' device, and every actor keeps its own, so
+    several simulated clients sharing a small GPU may need less."""
     value = os.environ.get("FEDAPP_CLIENT_CACHE_MIB", "1024")
     try:
         mib = float(value)
     except ValueError:
         mib = -1.0
-    if not mib >= 0:
+    if not (math.isfinite(mib) and mib >= 0):
         raise ConfigError(f"FEDAPP_CLIENT_CACHE_MIB must be a number of MiB >= 0; got {value!r}")
     return int(mib * 2**20)
 
@@ -330,6 +332,9 @@ class FedClient(NumPyClient):
 
         Only after a message succeeded: a client that crashed mid-training leaves no cached
         model behind, so its next message starts again from what it last saved."""
+        # Its gradients are not kept: training clears them before every backward pass, and
+        # they would double what the cache holds beyond what it counts.
+        self.model.zero_grad(set_to_none=True)
         _MODEL_CACHE.put((self.context.run_id, self.cfg, self.partition_id),
                          (version, self.model))
 
@@ -529,7 +534,9 @@ class FedClient(NumPyClient):
                 self.message = config  # what a method's visit depends on (CompFL's relays)
                 self.receive(self.read_payload(parameters, config), server_round)
                 on_gpu = self.device.type == "cuda"
-                if on_gpu:  # this message's own peak, not an earlier client's in this actor
+                # This message's own peak, not an earlier client's in this actor; it includes
+                # what the process keeps for other clients (the caches above).
+                if on_gpu:
                     torch.cuda.reset_peak_memory_stats(self.device)
                 start = time.perf_counter()
                 stats = self.train(server_round)
