@@ -45,8 +45,21 @@ def test_the_process_caches_are_bounded_by_bytes_and_keep_the_newest():
     assert cache.take("a") == "xxxx"  # now the most recently used: "b" goes first
     cache.put("c", "xxxx")
     assert list(cache) == ["a", "c"]
+    assert cache.total == 8
     cache.put("huge", "x" * 50)  # larger than the budget: kept alone, the others evicted
-    assert list(cache) == ["huge"] and cache.take("a") is None
+    assert list(cache) == ["huge"] and cache.take("a") is None and cache.total == 50
+    assert cache.pop("huge") == "x" * 50 and cache.total == 0 and len(cache) == 0
+
+
+def test_the_cache_budget_comes_from_the_environment_and_refuses_nonsense(monkeypatch):
+    monkeypatch.delenv("FEDAPP_CLIENT_CACHE_MIB", raising=False)
+    assert client_base.cache_budget() == 1 << 30
+    monkeypatch.setenv("FEDAPP_CLIENT_CACHE_MIB", "0.5")
+    assert client_base.cache_budget() == 1 << 19
+    for bad in ("-1", "lots", "nan", "inf"):
+        monkeypatch.setenv("FEDAPP_CLIENT_CACHE_MIB", bad)
+        with pytest.raises(ConfigError, match="FEDAPP_CLIENT_CACHE_MIB"):
+            client_base.cache_budget()
 
 
 def test_a_process_serving_twenty_clients_keeps_all_their_shards_and_models():
@@ -54,6 +67,7 @@ def test_a_process_serving_twenty_clients_keeps_all_their_shards_and_models():
     # all evaluations: a cache smaller than that share would rebuild a shard and a model
     # for every message.
     n = 20
+    assert client_base._DATA_CACHE.budget >= 1 << 30, "FEDAPP_CLIENT_CACHE_MIB set low"
     client_base._MODEL_CACHE.clear()
     first, contexts = {}, [context(pid, n) for pid in range(n)]
     for pid in range(n):

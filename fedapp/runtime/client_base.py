@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
+import os
 import signal
 import sys
 import threading
@@ -52,10 +54,11 @@ class BytesBoundedCache:
     """Least recently used entries, evicted once their total size passes ``budget`` bytes
     (the newest entry is always kept, however large).
 
-    Bounded by bytes, not entries: one Ray actor serves every virtual client of its share,
-    and Flower sends a round's fits, then its evaluations, so a cache holding fewer clients
-    than an actor serves misses on every message. Twenty small CNNs and their shards fit in
-    a few hundred MB; a bound by entries would have to be tuned to each model and dataset."""
+    Bounded by bytes, not entries: in simulation a Ray actor serves whichever virtual clients
+    Flower hands it, up to all of them, and Flower sends a round's fits, then its evaluations,
+    so a cache holding fewer clients than an actor serves misses on every message. Twenty
+    small CNNs and their shards fit in a few hundred MB; a bound by entries would have to be
+    tuned to each model and dataset."""
 
     def __init__(self, budget: int, size_of: Callable[[Any], int]) -> None:
         self.budget = budget
@@ -105,16 +108,31 @@ def client_tensors(shard: ClientData) -> tuple[torch.Tensor, ...]:
     return (shard.train_x, shard.train_y, shard.val_x, shard.val_y, shard.test_x, shard.test_y)
 
 
+def cache_budget() -> int:
+    """Bytes each of the process's two client caches may hold: ``FEDAPP_CLIENT_CACHE_MIB``
+    MiB (default 1024). Both sit on the clients' device, and every actor keeps its own, so
+    several simulated clients sharing a small GPU may need less."""
+    value = os.environ.get("FEDAPP_CLIENT_CACHE_MIB", "1024")
+    try:
+        mib = float(value)
+    except ValueError:
+        mib = -1.0
+    if not (math.isfinite(mib) and mib >= 0):
+        raise ConfigError(f"FEDAPP_CLIENT_CACHE_MIB must be a number of MiB >= 0; got {value!r}")
+    return int(mib * 2**20)
+
+
 # Built models kept per process: rebuilding (and re-initialising) a model for every message
 # costs more than a round of training on small shards. A cached model is used as it is only
 # when its version matches the one saved in context.state; otherwise the state is loaded into
 # it. Bounded by bytes of parameters and buffers, so a process serving many virtual clients
 # does not hoard memory (on a GPU too: the models sit on the client's device).
 _MODEL_CACHE = BytesBoundedCache(
-    1 << 30, lambda entry: tensors_bytes(entry[1].state_dict().values()))
+    cache_budget(), lambda entry: tensors_bytes(entry[1].state_dict().values()))
 # Clients' shards on their device, bounded likewise (the global test subset is kept once for
 # all of them, by _global_test).
-_DATA_CACHE = BytesBoundedCache(1 << 30, lambda shard: tensors_bytes(client_tensors(shard)))
+_DATA_CACHE = BytesBoundedCache(cache_budget(),
+                                lambda shard: tensors_bytes(client_tensors(shard)))
 
 
 class InjectedFault(RuntimeError):
@@ -314,6 +332,9 @@ class FedClient(NumPyClient):
 
         Only after a message succeeded: a client that crashed mid-training leaves no cached
         model behind, so its next message starts again from what it last saved."""
+        # Its gradients are not kept: training clears them before every backward pass, and
+        # they would double what the cache holds beyond what it counts.
+        self.model.zero_grad(set_to_none=True)
         _MODEL_CACHE.put((self.context.run_id, self.cfg, self.partition_id),
                          (version, self.model))
 
@@ -513,7 +534,9 @@ class FedClient(NumPyClient):
                 self.message = config  # what a method's visit depends on (CompFL's relays)
                 self.receive(self.read_payload(parameters, config), server_round)
                 on_gpu = self.device.type == "cuda"
-                if on_gpu:  # this message's own peak, not an earlier client's in this actor
+                # This message's own peak, not an earlier client's in this actor; it includes
+                # what the process keeps for other clients (the caches above).
+                if on_gpu:
                     torch.cuda.reset_peak_memory_stats(self.device)
                 start = time.perf_counter()
                 stats = self.train(server_round)
