@@ -217,6 +217,10 @@ class ClientData:
     test_x: torch.Tensor
     test_y: torch.Tensor
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The six tensors in field order (``ClientData(*data.tensors())`` rebuilds it)."""
+        return (self.train_x, self.train_y, self.val_x, self.val_y, self.test_x, self.test_y)
+
 
 # --------------------------------------------------------------------------- #
 # Small numeric helpers

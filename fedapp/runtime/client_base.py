@@ -104,10 +104,6 @@ def tensors_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def client_tensors(shard: ClientData) -> tuple[torch.Tensor, ...]:
-    return (shard.train_x, shard.train_y, shard.val_x, shard.val_y, shard.test_x, shard.test_y)
-
-
 def cache_budget() -> int:
     """Bytes each of the process's two client caches may hold: ``FEDAPP_CLIENT_CACHE_MIB``
     MiB (default 1024). Both sit on the clients' device, and every actor keeps its own, so
@@ -132,7 +128,7 @@ _MODEL_CACHE = BytesBoundedCache(
 # Clients' shards on their device, bounded likewise (the global test subset is kept once for
 # all of them, by _global_test).
 _DATA_CACHE = BytesBoundedCache(cache_budget(),
-                                lambda shard: tensors_bytes(client_tensors(shard)))
+                                lambda shard: tensors_bytes(shard.tensors()))
 
 
 class InjectedFault(RuntimeError):
@@ -240,7 +236,7 @@ def _device_data(cfg: RunConfig, partition_id: int, device: str,
             shard = load_local_data(data_dir, *expected_input(cfg), cfg.dataset)
         else:
             shard = load_client_data(setup.dataset(cfg), setup.partition_spec(cfg), partition_id)
-        shard = ClientData(*(t.to(device) for t in client_tensors(shard)))
+        shard = ClientData(*(t.to(device) for t in shard.tensors()))
         _DATA_CACHE.put(key, shard)
     return shard
 
