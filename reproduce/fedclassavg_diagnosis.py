@@ -3,7 +3,7 @@ well the extractor alone separates the classes, with the reference code's SupCon
 unnormalised features, scaled by T / 0.07), with the normalised one (T = T_base = 0.07), and
 without the contrastive term (Table 4's CA+PR).
 
-    .venv/bin/python reproduce/fedclassavg_diagnosis.py [--seed 0]
+    .venv/bin/python reproduce/fedclassavg_diagnosis.py [--seed 0] [--jobs 3 --client-num-gpus 0.5]
 
 Every run is ``fedapp run conf/fedclassavg-code.toml --set fedclassavg.diagnose=true ...``
 (finished runs are reused, ``results/fedclassavg-diagnosis/``): each round's ``rounds.jsonl``
@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, run_experiment, write_generated  # noqa: E402
+from common import (ROOT, add_resource_options, resource_overrides,  # noqa: E402
+                    run_experiment, run_parallel, write_generated)
 from fedclassavg_fmnist import METHODS, PRESET, slug  # noqa: E402
 
 OUT = ROOT / "results" / "fedclassavg-diagnosis"
@@ -105,11 +106,13 @@ def plot(runs: Mapping[str, Mapping[str, Any]], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
+    add_resource_options(parser)
     args = parser.parse_args()
-    runs = {label: run_experiment(PRESET, {"partition": "dirichlet", **overrides,
-                                           "fedclassavg.diagnose": True, "seed": args.seed},
-                                  f"{slug(label)}-s{args.seed}", OUT)
-            for label, overrides in RUNS.items()}
+    plan = {label: (PRESET, {"partition": "dirichlet", **overrides, "fedclassavg.diagnose": True,
+                             "seed": args.seed, **resource_overrides(args)},
+                    f"{slug(label)}-s{args.seed}") for label, overrides in RUNS.items()}
+    run_parallel(list(plan.values()), OUT, args.jobs)
+    runs = {label: run_experiment(*e, OUT) for label, e in plan.items()}
     last = runs[next(iter(runs))]["rounds"]
     lines = [f"Dir(0.5), 10 clients x 300 samples, {last} rounds, seed {args.seed}; each term "
              "averaged over the round's batches and the clients; gradient norms per batch.", "",

@@ -1,7 +1,8 @@
 """FedClassAvg on Fashion-MNIST at CPU scale: local baseline vs FedClassAvg on Dir(0.5) and the
 two-class skew over several seeds, and the four-row ablation of the paper's Table 4 on Dir(0.5).
 
-    .venv/bin/python reproduce/fedclassavg_fmnist.py [--seeds 0 1 2] [--ablation-seeds 0]
+    .venv/bin/python reproduce/fedclassavg_fmnist.py [--seeds 0 1 2] [--ablation-seeds 0 1 2]
+    .venv/bin/python reproduce/fedclassavg_fmnist.py --jobs 4 --client-num-gpus 0.5   # on a GPU
 
 Every run is ``fedapp run conf/fedclassavg-code.toml`` with overrides; finished runs are
 reused (``results/fedclassavg-fmnist/``), so an interrupted reproduction resumes. Writes the
@@ -20,8 +21,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (ROOT, cell, per_client_accuracies, plot_curves,  # noqa: E402
-                    run_experiment, write_generated)
+from common import (ROOT, add_resource_options, cell, per_client_accuracies,  # noqa: E402
+                    plot_curves, resource_overrides, run_experiment, run_parallel,
+                    write_generated)
 
 PRESET = "conf/fedclassavg-code.toml"
 OUT = ROOT / "results" / "fedclassavg-fmnist"
@@ -54,8 +56,9 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def runs(overrides: Mapping[str, Any], name: str, seeds: Sequence[int]) -> list[dict]:
-    return [run_experiment(PRESET, {**overrides, "seed": s}, f"{name}-s{s}", OUT) for s in seeds]
+def experiments(overrides: Mapping[str, Any], name: str, seeds: Sequence[int],
+                resources: Mapping[str, Any]) -> list[tuple[str, dict, str]]:
+    return [(PRESET, {**overrides, "seed": s, **resources}, f"{name}-s{s}") for s in seeds]
 
 
 def row(label: str, summaries: list[dict], paper: float | None) -> str:
@@ -88,21 +91,28 @@ def model_sizes(summary: Mapping[str, Any]) -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--ablation-seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--ablation-seeds", type=int, nargs="+", default=[0, 1, 2])
+    add_resource_options(parser)
     args = parser.parse_args()
+    resources = resource_overrides(args)
 
-    main_runs: dict[tuple[str, str], list[dict]] = {}
-    for split, split_overrides in SPLITS.items():
-        for method, method_overrides in METHODS.items():
-            main_runs[method, split] = runs({**split_overrides, **method_overrides},
-                                            f"{slug(method)}-{slug(split)}", args.seeds)
-    ablation_runs = {}
-    for label, overrides in ABLATION.items():
-        if not overrides:  # the full method: the same run names, so its Dir(0.5) runs are reused
-            ablation_runs[label] = runs(SPLITS["Dir(0.5)"], "fedclassavg-dir-0-5",
+    # Every table row: its overrides, run name and seeds. The full method's ablation row is its
+    # Dir(0.5) row (the same run names, so those runs are reused).
+    main_rows = {(method, split): ({**split_overrides, **method_overrides},
+                                   f"{slug(method)}-{slug(split)}", args.seeds)
+                 for split, split_overrides in SPLITS.items()
+                 for method, method_overrides in METHODS.items()}
+    ablation_rows = {label: (overrides, f"ablation-{slug(label)}", args.ablation_seeds)
+                     if overrides else (SPLITS["Dir(0.5)"], "fedclassavg-dir-0-5",
                                         args.ablation_seeds)
-            continue
-        ablation_runs[label] = runs(overrides, f"ablation-{slug(label)}", args.ablation_seeds)
+                     for label, overrides in ABLATION.items()}
+    every = [e for spec in (*main_rows.values(), *ablation_rows.values())
+             for e in experiments(*spec, resources)]
+    run_parallel(list({e[2]: e for e in every}.values()), OUT, args.jobs)
+    main_runs = {key: [run_experiment(*e, OUT) for e in experiments(*spec, resources)]
+                 for key, spec in main_rows.items()}
+    ablation_runs = {label: [run_experiment(*e, OUT) for e in experiments(*spec, resources)]
+                     for label, spec in ablation_rows.items()}
 
     rounds = main_runs["FedClassAvg", "Dir(0.5)"][0]["rounds"]
     lines = [f"Accuracy after round {rounds}: each client's own test set, {len(args.seeds)} "

@@ -6,6 +6,7 @@ at 300 samples x 20 rounds (``reproduce/fedclassavg_fmnist.py``) appear with mor
 rounds.
 
     .venv/bin/python reproduce/fedclassavg_longer.py [--seeds 0] [--rounds 100] [--with-ca-pr]
+    .venv/bin/python reproduce/fedclassavg_longer.py --jobs 3 --client-num-gpus 0.5   # on a GPU
 
 Every run is ``fedapp run conf/fedclassavg-code.toml --set max-samples-per-client=3000 --set
 num-server-rounds=100 ...``; finished runs are reused (``results/fedclassavg-longer/``). Writes
@@ -20,8 +21,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (ROOT, cell, per_client_accuracies, plot_curves,  # noqa: E402
-                    run_experiment, write_generated)
+from common import (ROOT, add_resource_options, cell, per_client_accuracies,  # noqa: E402
+                    plot_curves, resource_overrides, run_experiment, run_parallel,
+                    write_generated)
 from fedclassavg_fmnist import METHODS, PRESET, slug  # noqa: E402
 
 OUT = ROOT / "results" / "fedclassavg-longer"
@@ -70,15 +72,16 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--with-ca-pr", action="store_true")
+    add_resource_options(parser)
     args = parser.parse_args()
 
     common = {"partition": "dirichlet", "max-samples-per-client": SAMPLES,
-              "num-server-rounds": args.rounds}
-    runs: dict[str, list[dict]] = {}
-    for label, overrides in {**METHODS, **(CA_PR if args.with_ca_pr else {})}.items():
-        runs[label] = [run_experiment(PRESET, {**common, **overrides, "seed": s},
-                                      f"{slug(label)}-{SAMPLES}-r{args.rounds}-s{s}", OUT)
-                       for s in args.seeds]
+              "num-server-rounds": args.rounds, **resource_overrides(args)}
+    rows = {label: [(PRESET, {**common, **overrides, "seed": s},
+                     f"{slug(label)}-{SAMPLES}-r{args.rounds}-s{s}") for s in args.seeds]
+            for label, overrides in {**METHODS, **(CA_PR if args.with_ca_pr else {})}.items()}
+    run_parallel([e for row in rows.values() for e in row], OUT, args.jobs)
+    runs = {label: [run_experiment(*e, OUT) for e in row] for label, row in rows.items()}
 
     lines = [f"10 clients x {SAMPLES} training samples (local test 30 % of that), Dir(0.5), "
              f"{args.rounds} rounds, seeds {', '.join(map(str, args.seeds))}. \"From round\": "

@@ -15,6 +15,7 @@ docs/fedhe-async-fmnist.png.
     .venv/bin/python reproduce/fedhe_async_fmnist.py                 # 3 seeds, 22 runs
     .venv/bin/python reproduce/fedhe_async_fmnist.py --seeds 0 --splits IID
     .venv/bin/python reproduce/fedhe_async_fmnist.py --quick         # pipeline check only
+    .venv/bin/python reproduce/fedhe_async_fmnist.py --jobs 6 --client-num-gpus 0.25   # on a GPU
 
 ``--quick`` (one seed, IID, 3 rounds, 100-sample shards) writes into its own folder, never
 into docs/. Finished runs are reused (their summary.json), so an interrupted run resumes.
@@ -28,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (ROOT, cell, mean_std, per_client_accuracies, run_experiment,
+from common import (ROOT, add_resource_options, cell, mean_std,
+                    per_client_accuracies, resource_overrides, run_experiment, run_parallel,
                     training_caption, write_generated)
 
 SCRIPT = "reproduce/fedhe_async_fmnist.py"
@@ -177,6 +179,7 @@ def main() -> None:
                         help="one seed, IID, 3 rounds, small shards; tables go to --out only")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "reproduce-fedhe-async")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "fedhe-async.md")
+    add_resource_options(parser)
     args = parser.parse_args()
     splits = [(name, o) for name, o in SPLITS if name.split()[0] in args.splits]
     extra, seeds, out, doc = {}, args.seeds, args.out.resolve(), args.doc
@@ -184,27 +187,33 @@ def main() -> None:
         extra, seeds, out, splits = QUICK, seeds[:1], out / "quick", SPLITS[:1]
         doc = out / "fedhe-async.md"
 
-    def run_all(variants: list, split: str, split_overrides: dict) -> dict[str, list[dict]]:
-        results = {}
+    resources = resource_overrides(args)
+
+    def plan(split: str, split_overrides: dict, every: bool) -> dict[str, list[tuple]]:
+        """Each row's (preset, overrides, run name) per seed: Private against FedHe at every
+        seed, and with ``every`` the straggler (and arrival) runs at the first seed."""
+        variants = ([(v, seeds) for v in VARIANTS]
+                    + ([(v, seeds[:1]) for v in STRAGGLERS] if every and args.stragglers else [])
+                    + ([(v, seeds[:1]) for v in ARRIVAL]
+                       if every and split == "IID" and args.arrival else []))
+        rows = {}
         for (label, preset, overrides), runs_seeds in variants:
             name = re.sub(r"[^a-z0-9]+", "-", f"{split.split()[0]} {label}".lower()).strip("-")
             if len(runs_seeds) < len(seeds):
                 label = f"{label} (seed {runs_seeds[0]} only)"
-            results[label] = [run_experiment(preset, {**overrides, **split_overrides,
-                                                      **EVAL, "seed": seed, **extra},
-                                             f"{name}-seed{seed}", out) for seed in runs_seeds]
-        return results
+            rows[label] = [(preset, {**overrides, **split_overrides, **EVAL, "seed": seed,
+                                     **extra, **resources}, f"{name}-seed{seed}")
+                           for seed in runs_seeds]
+        return rows
 
     # Private against FedHe at every seed on both splits first; then the straggler runs.
-    for split, split_overrides in splits:
-        run_all([(v, seeds) for v in VARIANTS], split, split_overrides)
+    todo = [e for every in (False, True) for split, o in splits
+            for row in plan(split, o, every).values() for e in row]
+    run_parallel(list({e[2]: e for e in todo}.values()), out, args.jobs)
     tables, panels = [], {}
     for split, split_overrides in splits:
-        results = run_all(
-            [(v, seeds) for v in VARIANTS]
-            + ([(v, seeds[:1]) for v in STRAGGLERS] if args.stragglers else [])
-            + ([(v, seeds[:1]) for v in ARRIVAL] if split == "IID" and args.arrival else []),
-            split, split_overrides)
+        results = {label: [run_experiment(*e, out) for e in row]
+                   for label, row in plan(split, split_overrides, every=True).items()}
         tables.append("\n".join([
             f"### {split} ({len(seeds)} seed(s): {', '.join(map(str, seeds))})", "",
             "| run | global-test accuracy (mean over clients; ± std over seeds) | local-test "
