@@ -32,10 +32,13 @@ bench: setup
 # From nothing it takes many hours on 2 cores, not yet timed as a whole (a script's docstring
 # gives its own share). reproduce/crosscheck_htfllib.py is not among them: it needs the folder
 # PFLlib's generator writes (docs/crosscheck.md).
-REPRODUCE = defaults scoreboard fedclassavg_defaults fedgh_fmnist fedgh_regimes \
-            fedclassavg_fmnist fedclassavg_diagnosis fedclassavg_longer fedhe_async_fmnist \
-            felo_fmnist compfl_fmnist compfl_d2d_fmnist
+# Each entry: a script with the arguments its page's tables were made with (the page's
+# "Produced by" line; tests/test_reproduce_all.py keeps the two in step).
+REPRODUCE = defaults.py scoreboard.py "fedclassavg_defaults.py --variants 2" fedgh_fmnist.py \
+            fedgh_regimes.py fedclassavg_fmnist.py fedclassavg_diagnosis.py \
+            fedclassavg_longer.py fedhe_async_fmnist.py felo_fmnist.py \
+            "compfl_fmnist.py --clients 10" compfl_d2d_fmnist.py
 reproduce: setup
 	.venv/bin/pip install -q -e ".[reproduce]"
-	set -e; for script in $(REPRODUCE); do .venv/bin/python reproduce/$$script.py; done
+	set -e; for run in $(REPRODUCE); do .venv/bin/python reproduce/$$run; done
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from common import (ROOT, cell, mean_std, per_architecture, per_client_accuracies, plot_panels,
-                    run_experiment, write_generated)
+                    quick_folder, run_experiment, write_generated)
 
 PRESET = "compfl-fmnist"
 SCRIPT = "reproduce/compfl_d2d_fmnist.py"
@@ -66,7 +66,7 @@ def main() -> None:
     if args.quick:
         extra.update({"num-clients": 4, "samples-per-client": 100, "num-server-rounds": 2})
         seeds = seeds[:1]
-        args.out = args.out.with_name(args.out.name + "-quick")
+        args.out = quick_folder(args.out)
         args.doc = args.out / "compfl-d2d-quick.md"
     out = args.out.resolve()
     # The server-mode runs carry reproduce/compfl_fmnist.py's names, so they are shared.

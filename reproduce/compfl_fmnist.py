@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from common import (ROOT, cell, mean_std, paired, per_architecture, per_client_accuracies,
-                    plot_panels, run_experiment, write_generated)
+                    plot_panels, quick_folder, run_experiment, write_generated)
 
 PRESET = "compfl-fmnist"
 SCRIPT = "reproduce/compfl_fmnist.py"
@@ -107,7 +107,7 @@ def main() -> None:
     if args.quick:
         extra = {"num-clients": 4, "samples-per-client": 100, "num-server-rounds": 2}
         seeds, classes, labelings, ablation = [0], [3], [("unified", False)], []
-        args.out = args.out.with_name(args.out.name + "-quick")
+        args.out = quick_folder(args.out)
         args.doc = args.out / "compfl-quick.md"
     out = args.out.resolve()
 

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (ROOT, add_resource_options, cell, mean_std,
-                    per_client_accuracies, resource_overrides, run_experiment, run_parallel,
+from common import (ROOT, add_resource_options, cell, mean_std, per_client_accuracies,
+                    quick_folder, resource_overrides, run_experiment, run_parallel,
                     training_caption, write_generated)
 
 SCRIPT = "reproduce/fedhe_async_fmnist.py"
@@ -184,7 +184,7 @@ def main() -> None:
     splits = [(name, o) for name, o in SPLITS if name.split()[0] in args.splits]
     extra, seeds, out, doc = {}, args.seeds, args.out.resolve(), args.doc
     if args.quick:
-        extra, seeds, out, splits = QUICK, seeds[:1], out / "quick", SPLITS[:1]
+        extra, seeds, out, splits = QUICK, seeds[:1], quick_folder(out), SPLITS[:1]
         doc = out / "fedhe-async.md"
 
     resources = resource_overrides(args)

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from common import (ROOT, add_resource_options, cell, mean_std, paired, per_client_accuracies,
-                    plot_panels, resource_overrides, run_experiment, run_parallel,
-                    write_generated)
+                    plot_panels, quick_folder, resource_overrides, run_experiment,
+                    run_parallel, write_generated)
 
 PRESET = "felo-fmnist"
 SCRIPT = "reproduce/felo_fmnist.py"
@@ -121,7 +121,7 @@ def main() -> None:
     out = args.out.resolve()
     doc, splits, homogeneous = args.doc, SPLITS, HOMOGENEOUS
     if args.quick:
-        extra, seeds, out = {**QUICK, **extra}, seeds[:1], out / "quick"
+        extra, seeds, out = {**QUICK, **extra}, seeds[:1], quick_folder(out)
         doc, splits, homogeneous = out / "felo.md", SPLITS[:1], HOMOGENEOUS[:1]
 
     def experiments(label: str, overrides: dict, split: str, split_overrides: dict,

@@ -101,6 +101,16 @@ def test_a_finished_run_is_recorded_with_where_it_was_made(tmp_path, records, mo
         (records / "scoreboard" / "c-seed0.json").read_text())["provenance"]
 
 
+def test_a_pipeline_checks_runs_are_never_recorded(tmp_path, records, monkeypatch):
+    # --quick runs (shrunk settings) land beside the script's real runs; a record of them
+    # would be reused as evidence by a later full run on another machine.
+    out = common.quick_folder(tmp_path / "reproduce-felo")
+    (out / "a-seed0").mkdir(parents=True)
+    (out / "a-seed0" / "summary.json").write_text(json.dumps({"accuracy": 0.3}))
+    assert common.run_experiment(None, {}, "a-seed0", out)["accuracy"] == 0.3
+    assert not records.exists()
+
+
 def test_a_sweep_counts_each_of_its_runs_once_in_the_tables_provenance(tmp_path, records,
                                                                        monkeypatch):
     out = tmp_path / "scoreboard"
