@@ -27,6 +27,15 @@ fi
 stamp=.venv/.fedapp-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || [ ! -x .venv/bin/fedapp ]; then
+  # PyTorch's build for Linux brings CUDA's libraries: .venv takes about 6.3 GiB. Say so up
+  # front rather than let pip fail half-way with "No space left on device".
+  need_kib=$((6800 * 1024))
+  have_kib=$(df -Pk . | awk 'NR == 2 {print $4}')
+  if [ -n "$have_kib" ] && [ "$have_kib" -lt "$need_kib" ] && [ ! -f "$stamp" ]; then
+    echo "setup: .venv needs about 6.6 GiB free on $(df -P . | awk 'NR == 2 {print $6}')" \
+         "(PyTorch with CUDA's libraries); only $((have_kib / 1024)) MiB are free." >&2
+    exit 1
+  fi
   echo "setup: installing the project and its dependencies into .venv (a few minutes the first time)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e ".[test]"
