@@ -181,12 +181,12 @@ def run_seeds(preset: str | None, overrides: Mapping[str, Any], run_name: str,
 
 def run_parallel(experiments: Sequence[tuple[str | None, Mapping[str, Any], str]],
                  out_dir: Path, jobs: int) -> None:
-    """Run the (preset, overrides, run name) experiments that have no summary yet, ``jobs`` at a
-    time — each ``fedapp run`` has its own SuperLink and Ray instance — for a machine with cores
-    (or a GPU) to spare; the script then reads them through ``run_experiment``, which reuses
+    """Run the (preset, overrides, run name) experiments that have no summary yet (each name
+    once), ``jobs`` at a time — each ``fedapp run`` has its own SuperLink and Ray instance —
+    for a machine with cores (or a GPU) to spare; the script then reads them through ``run_experiment``, which reuses
     them. Every failure is reported, the others still run; then it raises."""
     from concurrent.futures import ThreadPoolExecutor
-    todo = [e for e in experiments if finished(out_dir, e[2]) is None]
+    todo = list({e[2]: e for e in experiments if finished(out_dir, e[2]) is None}.values())
     if jobs <= 1 or not todo:
         return
     print(f"[reproduce] {len(todo)} runs, {jobs} at a time", flush=True)

@@ -159,8 +159,8 @@ def main() -> None:
                   tuple(m for m in every if dict(METHODS[m].recipe) == htfllib_recipe)))
 
     # With --jobs, every run the asked rows need, that many at a time; the rows then reuse them.
-    run_parallel(list({e[2]: e for spec in specs if asked(spec[2], *spec[6:])
-                       for e in experiments(*spec[2:6])}.values()), out, args.jobs)
+    run_parallel([e for spec in specs if asked(spec[2], *spec[6:])
+                  for e in experiments(*spec[2:6])], out, args.jobs)
     for spec in specs:
         row(*spec)
 

@@ -108,7 +108,7 @@ def main() -> None:
                      for label, overrides in ABLATION.items()}
     every = [e for spec in (*main_rows.values(), *ablation_rows.values())
              for e in experiments(*spec, resources)]
-    run_parallel(list({e[2]: e for e in every}.values()), OUT, args.jobs)
+    run_parallel(every, OUT, args.jobs)
     main_runs = {key: [run_experiment(*e, OUT) for e in experiments(*spec, resources)]
                  for key, spec in main_rows.items()}
     ablation_runs = {label: [run_experiment(*e, OUT) for e in experiments(*spec, resources)]

@@ -222,7 +222,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError("--resume continues one run; give no --sweep with it.")
         runs = [resolve_run(args, variant=v) for v in sweep_variants(args.sweep)]
         address = cluster.ray_address(getattr(args, "ray_address", None))
-        client_cache_budget()  # the virtual clients read it too, but only once started
+        if address == cluster.LOCAL:  # its virtual clients read it, but only once started
+            client_cache_budget()
     except (ConfigError, OSError, RuntimeError, ValueError) as exc:
         print(f"fedapp: {exc}", file=sys.stderr)
         return 2
