@@ -315,6 +315,20 @@ def paired(mine: Sequence[Mapping[str, Any]], base: Sequence[Mapping[str, Any]],
     return mean_std(metric(x) - metric(y) for x, y in zip(mine, base))
 
 
+def paired_line(results: Mapping[str, Sequence[Mapping[str, Any]]],
+                pairs: Iterable[tuple[str, str]], names: Mapping[str, str] | None = None) -> str:
+    """The differences of ``pairs`` of rows (a − b), each run against the run of the same seed,
+    in one sentence; each row by its ``names`` entry, else its label. Empty with one seed (no
+    spread to judge a difference by)."""
+    if len(next(iter(results.values()))) < 2:
+        return ""
+    names = names or {}
+    return ("Paired by seed (mean ± std over seeds of the difference in local accuracy): "
+            + "; ".join("{} − {} {:+.4f} ± {:.4f}".format(names.get(a, a), names.get(b, b),
+                                                         *paired(results[a], results[b]))
+                        for a, b in pairs if a in results and b in results) + ".")
+
+
 def plot_curves(groups: Mapping[str, Sequence[Mapping[str, Any]]], path: Path,
                 title: str) -> None:
     """Mean accuracy per round (averaged over the seeds of each group) ± seed std."""
