@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
+import os
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -27,6 +29,21 @@ CONF_DIR = PROJECT_ROOT / "conf"
 
 class ConfigError(ValueError):
     """A run setting is missing, of the wrong type or outside what is allowed."""
+
+
+def client_cache_budget() -> int:
+    """Bytes each of a client process's two caches (built models, shards on the device) may
+    hold: ``FEDAPP_CLIENT_CACHE_MIB`` MiB (default 1024). Both sit on the clients' device, and
+    every actor keeps its own, so several simulated clients sharing a small GPU may need less.
+    Read where the caches are made, and by ``fedapp run`` before it starts anything."""
+    value = os.environ.get("FEDAPP_CLIENT_CACHE_MIB", "1024")
+    try:
+        mib = float(value)
+    except ValueError:
+        mib = -1.0
+    if not (math.isfinite(mib) and mib >= 0):
+        raise ConfigError(f"FEDAPP_CLIENT_CACHE_MIB must be a number of MiB >= 0; got {value!r}")
+    return int(mib * 2**20)
 
 
 def _opt(default: Any, help: str, *, choices: tuple | None = None, low: float | None = None,

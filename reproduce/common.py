@@ -181,12 +181,12 @@ def run_seeds(preset: str | None, overrides: Mapping[str, Any], run_name: str,
 
 def run_parallel(experiments: Sequence[tuple[str | None, Mapping[str, Any], str]],
                  out_dir: Path, jobs: int) -> None:
-    """Run the (preset, overrides, run name) experiments that have no summary yet, ``jobs`` at a
-    time — each ``fedapp run`` has its own SuperLink and Ray instance — for a machine with cores
-    (or a GPU) to spare; the script then reads them through ``run_experiment``, which reuses
+    """Run the (preset, overrides, run name) experiments that have no summary yet (each name
+    once), ``jobs`` at a time — each ``fedapp run`` has its own SuperLink and Ray instance —
+    for a machine with cores (or a GPU) to spare; the script then reads them through ``run_experiment``, which reuses
     them. Every failure is reported, the others still run; then it raises."""
     from concurrent.futures import ThreadPoolExecutor
-    todo = [e for e in experiments if finished(out_dir, e[2]) is None]
+    todo = list({e[2]: e for e in experiments if finished(out_dir, e[2]) is None}.values())
     if jobs <= 1 or not todo:
         return
     print(f"[reproduce] {len(todo)} runs, {jobs} at a time", flush=True)
@@ -313,6 +313,20 @@ def paired(mine: Sequence[Mapping[str, Any]], base: Sequence[Mapping[str, Any]],
     if len(mine) != len(base):
         raise ValueError(f"paired runs: {len(mine)} seeds against {len(base)}")
     return mean_std(metric(x) - metric(y) for x, y in zip(mine, base))
+
+
+def paired_line(results: Mapping[str, Sequence[Mapping[str, Any]]],
+                pairs: Iterable[tuple[str, str]], names: Mapping[str, str] | None = None) -> str:
+    """The differences of ``pairs`` of rows (a − b), each run against the run of the same seed,
+    in one sentence; each row by its ``names`` entry, else its label. Empty with one seed (no
+    spread to judge a difference by)."""
+    if len(next(iter(results.values()))) < 2:
+        return ""
+    names = names or {}
+    return ("Paired by seed (mean ± std over seeds of the difference in local accuracy): "
+            + "; ".join("{} − {} {:+.4f} ± {:.4f}".format(names.get(a, a), names.get(b, b),
+                                                         *paired(results[a], results[b]))
+                        for a, b in pairs if a in results and b in results) + ".")
 
 
 def plot_curves(groups: Mapping[str, Sequence[Mapping[str, Any]]], path: Path,

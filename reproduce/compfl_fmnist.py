@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (ROOT, cell, mean_std, paired, per_architecture, per_client_accuracies,
-                    plot_panels, quick_folder, run_experiment, write_generated)
+from common import (ROOT, cell, mean_std, paired_line, per_architecture,
+                    per_client_accuracies, plot_panels, quick_folder, run_experiment,
+                    write_generated)
 
 PRESET = "compfl-fmnist"
 SCRIPT = "reproduce/compfl_fmnist.py"
@@ -64,16 +65,7 @@ def row(label: str, summaries: list[dict]) -> str:
 PAIRS = [("CompFL", "FedPer"), ("CompFL", "FedRep"), ("CompFL", "Standalone"),
          ("FedRep", "Standalone"), ("FedPer", "Standalone"), ("LG-FedAvg", "Standalone")]
 BASELINE = "FedPer (baseline of Table 3)"
-
-
-def paired_line(results: dict[str, list[dict]], pairs: list[tuple[str, str]]) -> str:
-    """The differences of ``pairs`` of rows, each run against the run of the same seed."""
-    if len(next(iter(results.values()))) < 2:
-        return ""  # one seed: no spread to judge a difference by
-    return ("Paired by seed (mean ± std over seeds of the difference in local accuracy): "
-            + "; ".join("{} − {} {:+.4f} ± {:.4f}".format(a, b.split(" (")[0],
-                                                         *paired(results[a], results[b]))
-                        for a, b in pairs if a in results and b in results) + ".")
+SHORT = {BASELINE: "FedPer"}  # how a row is named in the paired differences
 
 
 TABLE_HEAD = ["| method | local accuracy (mean over clients; ± std over seeds) | per "
@@ -125,7 +117,7 @@ def main() -> None:
             title = f"N = {n}, {labels} labels"
             tables.append("\n".join([f"### {title}", "", *TABLE_HEAD,
                                      *(row(label, s) for label, s in results.items()), "",
-                                     paired_line(results, PAIRS)]).rstrip())
+                                     paired_line(results, PAIRS, SHORT)]).rstrip())
             panels[title] = results
     if ablation:
         n = args.ablation_classes
@@ -136,7 +128,7 @@ def main() -> None:
         tables.append("\n".join([f"### Ablation (Table 3): N = {n}, unified labels", "",
                                  *TABLE_HEAD, *(row(label, s) for label, s in results.items()),
                                  "", paired_line(results, [(label, BASELINE) for label in results
-                                                           if label != BASELINE])]).rstrip())
+                                                           if label != BASELINE], SHORT)]).rstrip())
     rounds = next(iter(panels.values()))["CompFL"][0]["rounds"]
     plot = args.doc.parent / "compfl-fmnist.png"
     plot_panels(panels, plot)

@@ -13,6 +13,7 @@ docs/defaults.md, and the evidence tables of the pages of the methods taken from
     .venv/bin/pip install -e ".[reproduce]"      # scikit-learn, for the digits
     .venv/bin/python reproduce/defaults.py                      # every method, 3 seeds
     .venv/bin/python reproduce/defaults.py --methods fedgh fedhe --seeds 0
+    .venv/bin/python reproduce/defaults.py --jobs 8 --client-num-gpus 0.25   # 8 runs at once
 
 Finished runs are reused (results/defaults/), so an interrupted run resumes. With
 ``--methods``, the table's other rows are kept as the page has them (written by an earlier
@@ -28,8 +29,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (DEFAULTS_SETTINGS, ROOT, cell, mean_std, mean_client_accuracy,  # noqa: E402
-                    read_generated, run_seeds, training_caption, write_generated)
+from common import (DEFAULTS_SETTINGS, ROOT, add_resource_options, cell,  # noqa: E402
+                    mean_client_accuracy, mean_std, read_generated, resource_overrides,
+                    run_parallel, run_seeds, training_caption, write_generated)
 
 from fedapp.config import toml_value  # noqa: E402
 
@@ -75,8 +77,9 @@ def main() -> None:
                         default=[m for m in METHODS if m != "standalone"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=OUT)
+    add_resource_options(parser)
     args = parser.parse_args()
-    out, seeds = args.out.resolve(), args.seeds
+    out, seeds, resources = args.out.resolve(), args.seeds, resource_overrides(args)
 
     every = [m for m in METHODS if m != "standalone"]
     data_sets = list(DEFAULTS_SETTINGS)
@@ -87,14 +90,28 @@ def main() -> None:
     old_rows, old_losers = previous_table(DOC)
     fresh: set[str] = set()  # the keys of the rows computed by this invocation
 
+    def asked(method: str, owners: tuple[str, ...] = ()) -> bool:
+        """Whether a row is run: its owners (default: ``method``; none: always) are asked for."""
+        owners = owners or ((method,) if method != "standalone" else ())
+        return not owners or bool(set(owners) & set(args.methods))
+
+    def experiments(method: str, changed: dict, name: str,
+                    base: dict | None = None) -> list[tuple[None, dict, str]]:
+        """A row's runs, and its Standalone's, on every data set at every seed."""
+        return [(None, {**DEFAULTS_SETTINGS[d](), "method": m, **c, "seed": seed, **resources},
+                 f"{slug(d)}-{n}-seed{seed}")
+                for m, c, n in [(method, changed, name)] + (
+                    [] if base is None else
+                    [("standalone", base, "standalone" + ("-one-arch" if base else ""))])
+                for d in data_sets for seed in seeds]
+
     def row(key: str, label: str, method: str, changed: dict, name: str,
             base: dict | None = None, owners: tuple[str, ...] = ()) -> None:
         """Three seeds of ``method`` with ``changed`` on each data set, beside Standalone
         with ``base`` (None: this is a baseline row, no Δ). The row belongs to ``owners``
         (default: ``method``; none: always run); when none of them is asked for, the page's
         row is kept."""
-        owners = owners or ((method,) if method != "standalone" else ())
-        if owners and not set(owners) & set(args.methods):
+        if not asked(method, owners):
             if label in old_rows:
                 rows[key] = old_rows[label]
                 losers.extend(e for e in old_losers if e.rsplit(" on ", 1)[0] == label)
@@ -103,14 +120,14 @@ def main() -> None:
         cells = []
         for d in data_sets:
             mine = [mean_client_accuracy(s) for s in run_seeds(
-                None, {**DEFAULTS_SETTINGS[d](), "method": method, **changed},
+                None, {**DEFAULTS_SETTINGS[d](), "method": method, **changed, **resources},
                 f"{slug(d)}-{name}", seeds, out)]
             text = cell(mine) + " | "
             if base is None:
                 cells.append(text + "—")
                 continue
             standalone = [mean_client_accuracy(s) for s in run_seeds(
-                None, {**DEFAULTS_SETTINGS[d](), "method": "standalone", **base},
+                None, {**DEFAULTS_SETTINGS[d](), "method": "standalone", **base, **resources},
                 f"{slug(d)}-standalone" + ("-one-arch" if base else ""), seeds, out)]
             (mean, std), (base_mean, base_std) = mean_std(mine), mean_std(standalone)
             cells.append(text + f"{mean - base_mean:+.3f}")
@@ -119,26 +136,33 @@ def main() -> None:
         rows[key] = (f"| {label} | " + " | ".join(cells) + " | "
                      + training_caption(None, {"method": method, **changed}) + " |")
 
-    row("standalone", "standalone", "standalone", {}, "standalone")
+    # The table's rows in order: (key, label, method, changed settings, run name, base, owners).
+    specs: list[tuple] = [("standalone", "standalone", "standalone", {}, "standalone")]
     for method in every:
         one_arch = METHODS[method].homogeneous_only
         extra = ONE_ARCH if one_arch else {}
-        row(method, method + (f" ({ONE_ARCH['arch-mix']} only)" if one_arch else ""), method,
-            extra, method + ("-one-arch" if one_arch else ""), base=extra)
+        specs.append((method, method + (f" ({ONE_ARCH['arch-mix']} only)" if one_arch else ""),
+                      method, extra, method + ("-one-arch" if one_arch else ""), extra))
         if one_arch:
-            row("standalone-one-arch", f"standalone ({ONE_ARCH['arch-mix']} only)",
-                "standalone", ONE_ARCH, "standalone-one-arch", owners=(method,))
+            specs.append(("standalone-one-arch", f"standalone ({ONE_ARCH['arch-mix']} only)",
+                          "standalone", ONE_ARCH, "standalone-one-arch", None, (method,)))
         for i, changed in enumerate(TRIED.get(method, [])):
             what = ", ".join(f"{k} = {toml_value(v)}" for k, v in changed.items())
-            row(f"{method}-tried-{i}", f"{method} with {what}", method, changed,
-                f"{method}-{slug(what)}", base={})
+            specs.append((f"{method}-tried-{i}", f"{method} with {what}", method, changed,
+                          f"{method}-{slug(what)}", {}))
     # Local training with the same steps as the eight methods taken from HtFLlib (their shared
     # recipe: batch 10, six times the global default's steps per round), so that what they add
     # to local training can be told from what their recipe alone adds.
     htfllib_recipe = dict(METHODS["fd"].recipe)
-    row("standalone-htfllib", "standalone with HtFLlib's recipe (FD's)", "standalone",
-        htfllib_recipe, "standalone-htfllib-recipe", base={},
-        owners=tuple(m for m in every if dict(METHODS[m].recipe) == htfllib_recipe))
+    specs.append(("standalone-htfllib", "standalone with HtFLlib's recipe (FD's)", "standalone",
+                  htfllib_recipe, "standalone-htfllib-recipe", {},
+                  tuple(m for m in every if dict(METHODS[m].recipe) == htfllib_recipe)))
+
+    # With --jobs, every run the asked rows need, that many at a time; the rows then reuse them.
+    run_parallel([e for spec in specs if asked(spec[2], *spec[6:])
+                  for e in experiments(*spec[2:6])], out, args.jobs)
+    for spec in specs:
+        row(*spec)
 
     ran = [m for m in every if m in args.methods]
     kept = [m for m in every if m not in ran and any(

@@ -21,9 +21,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (ROOT, add_resource_options, cell, per_client_accuracies,  # noqa: E402
-                    plot_curves, resource_overrides, run_experiment, run_parallel,
-                    write_generated)
+from common import (ROOT, add_resource_options, cell, paired_line,  # noqa: E402
+                    per_client_accuracies, plot_curves, resource_overrides, run_experiment,
+                    run_parallel, write_generated)
 
 PRESET = "conf/fedclassavg-code.toml"
 OUT = ROOT / "results" / "fedclassavg-fmnist"
@@ -49,6 +49,13 @@ ABLATION = {"CA": {"fedclassavg.contrastive": False, "fedclassavg.proximal": Fal
             "CA, no augmentation": {"fedclassavg.contrastive": False,
                                     "fedclassavg.proximal": False,
                                     "fedclassavg.views": "none"}}
+BASELINE = "local (standalone)"
+# The paper's ablation claims, and what this page asks of the augmentation and of SupCon, each
+# as a difference of two rows paired by seed.
+ABLATION_PAIRS = [("CA+PR", "CA"), ("CA+PR+CL (FedClassAvg)", "CA+CL"),
+                  ("CA+PR+CL (FedClassAvg)", "CA+PR"), ("CA, no augmentation", "CA"),
+                  ("CA, no augmentation", "local (standalone), Dir(0.5)"),
+                  ("FedClassAvg, SupCon normalised T=0.07, Dir(0.5)", "CA+PR")]
 PAPER_ABLATION = {"CA": 0.8578, "CA+PR": 0.8971, "CA+CL": 0.924, "CA+PR+CL (FedClassAvg)": 0.9303}
 
 
@@ -108,7 +115,7 @@ def main() -> None:
                      for label, overrides in ABLATION.items()}
     every = [e for spec in (*main_rows.values(), *ablation_rows.values())
              for e in experiments(*spec, resources)]
-    run_parallel(list({e[2]: e for e in every}.values()), OUT, args.jobs)
+    run_parallel(every, OUT, args.jobs)
     main_runs = {key: [run_experiment(*e, OUT) for e in experiments(*spec, resources)]
                  for key, spec in main_rows.items()}
     ablation_runs = {label: [run_experiment(*e, OUT) for e in experiments(*spec, resources)]
@@ -120,10 +127,14 @@ def main() -> None:
              HEADER.format("method / split", 2)]
     for (method, split), summaries in main_runs.items():
         lines.append(row(f"{method}, {split}", summaries, PAPER.get((method, split))))
+    every_row = {**{f"{m}, {s}": r for (m, s), r in main_runs.items()}, **ablation_runs}
+    lines += ["", paired_line(every_row, [
+        (f"{m}, {s}", f"{BASELINE}, {s}") for s in SPLITS for m in METHODS if m != BASELINE])]
     lines += ["", f"Ablation on Dir(0.5), seeds {', '.join(map(str, args.ablation_seeds))}:",
               "", HEADER.format("rows of Table 4", 4)]
     for label, summaries in ablation_runs.items():
         lines.append(row(label, summaries, PAPER_ABLATION.get(label)))
+    lines += ["", paired_line(every_row, ABLATION_PAIRS)]
     lines += ["", "Full-model sizes for comparison (what sharing the whole model would move each "
               "way): " + "; ".join(f"{arch} {floats:,} floats" for arch, floats in
                                    model_sizes(main_runs["FedClassAvg", "Dir(0.5)"][0]).items())

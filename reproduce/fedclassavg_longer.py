@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (ROOT, add_resource_options, cell, per_client_accuracies,  # noqa: E402
                     plot_curves, resource_overrides, run_experiment, run_parallel,
                     write_generated)
-from fedclassavg_fmnist import METHODS, PRESET, slug  # noqa: E402
+from fedclassavg_fmnist import BASELINE, METHODS, PRESET, slug  # noqa: E402
 
 OUT = ROOT / "results" / "fedclassavg-longer"
 DOC = ROOT / "docs" / "fedclassavg.md"
@@ -32,7 +32,6 @@ SAMPLES = 3000  # the paper's 60,000 training images over its 20 clients
 
 # The main table's three rows; CA+PR (Table 4) on request: does the contrastive term help here?
 CA_PR = {"CA+PR (no contrastive term)": {"fedclassavg.contrastive": False}}
-BASELINE = "local (standalone)"
 
 
 def curve(summary: Mapping[str, Any]) -> dict[int, float]:

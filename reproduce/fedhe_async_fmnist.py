@@ -206,14 +206,18 @@ def main() -> None:
                            for seed in runs_seeds]
         return rows
 
-    # Private against FedHe at every seed on both splits first; then the straggler runs.
+    # Private against FedHe at every seed on both splits first; then the straggler runs (one
+    # at a time unless --jobs says otherwise), so an interrupted reproduction has the main
+    # comparison first.
     todo = [e for every in (False, True) for split, o in splits
-            for row in plan(split, o, every).values() for e in row]
-    run_parallel(list({e[2]: e for e in todo}.values()), out, args.jobs)
+            for runs_of in plan(split, o, every).values() for e in runs_of]
+    run_parallel(todo, out, args.jobs)
+    for e in todo:
+        run_experiment(*e, out)
     tables, panels = [], {}
     for split, split_overrides in splits:
-        results = {label: [run_experiment(*e, out) for e in row]
-                   for label, row in plan(split, split_overrides, every=True).items()}
+        results = {label: [run_experiment(*e, out) for e in runs_of]
+                   for label, runs_of in plan(split, split_overrides, every=True).items()}
         tables.append("\n".join([
             f"### {split} ({len(seeds)} seed(s): {', '.join(map(str, seeds))})", "",
             "| run | global-test accuracy (mean over clients; ± std over seeds) | local-test "

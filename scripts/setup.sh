@@ -30,7 +30,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || [ ! -x .venv/bin/fed
   # PyTorch's build for Linux brings CUDA's libraries: .venv takes about 6.3 GiB. Say so up
   # front rather than let pip fail half-way with "No space left on device".
   need_kib=$((6800 * 1024))
-  have_kib=$(df -Pk . | awk 'NR == 2 {print $4}')
+  have_kib=$(df -Pk . 2>/dev/null | awk 'NR == 2 {print $4}') || have_kib=""
   if [ -n "$have_kib" ] && [ "$have_kib" -lt "$need_kib" ] && [ ! -f "$stamp" ]; then
     echo "setup: .venv needs about 6.6 GiB free on $(df -P . | awk 'NR == 2 {print $6}')" \
          "(PyTorch with CUDA's libraries); only $((have_kib / 1024)) MiB are free." >&2

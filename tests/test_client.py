@@ -6,7 +6,7 @@ import torch
 from flwr.app import Context, RecordDict
 
 import fedapp.runtime.client_base as client_base
-from fedapp.config import ConfigError
+from fedapp.config import ConfigError, client_cache_budget
 from fedapp.data import setup
 from fedapp.runtime.payload import from_ndarrays, to_ndarrays
 from strategies import METHODS
@@ -53,13 +53,13 @@ def test_the_process_caches_are_bounded_by_bytes_and_keep_the_newest():
 
 def test_the_cache_budget_comes_from_the_environment_and_refuses_nonsense(monkeypatch):
     monkeypatch.delenv("FEDAPP_CLIENT_CACHE_MIB", raising=False)
-    assert client_base.cache_budget() == 1 << 30
+    assert client_cache_budget() == 1 << 30
     monkeypatch.setenv("FEDAPP_CLIENT_CACHE_MIB", "0.5")
-    assert client_base.cache_budget() == 1 << 19
+    assert client_cache_budget() == 1 << 19
     for bad in ("-1", "lots", "nan", "inf"):
         monkeypatch.setenv("FEDAPP_CLIENT_CACHE_MIB", bad)
         with pytest.raises(ConfigError, match="FEDAPP_CLIENT_CACHE_MIB"):
-            client_base.cache_budget()
+            client_cache_budget()
 
 
 def test_a_process_serving_twenty_clients_keeps_all_their_shards_and_models():

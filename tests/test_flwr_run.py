@@ -165,6 +165,16 @@ def test_bad_setting_is_refused_before_anything_starts():
         assert name in proc.stderr
 
 
+def test_a_bad_client_cache_budget_is_refused_before_the_superlink_starts(tmp_path,
+                                                                         monkeypatch, capsys):
+    # The virtual clients read FEDAPP_CLIENT_CACHE_MIB only once the simulation has started.
+    from fedapp.cli.main import main
+    monkeypatch.setenv("FEDAPP_CLIENT_CACHE_MIB", "lots")
+    monkeypatch.setattr(LocalSuperLink, "launch", lambda self: pytest.fail("started"))
+    assert main(["run", "conf/smoke.toml", "--output-dir", str(tmp_path / "out")]) == 2
+    assert "FEDAPP_CLIENT_CACHE_MIB" in capsys.readouterr().err
+
+
 def test_a_refused_dataset_stops_the_superlink_started_beside_its_check(tmp_path, monkeypatch,
                                                                       capsys):
     # The SuperLink starts while the data are checked; a refusal must not leave it running.

@@ -35,10 +35,10 @@ def test_runs_only_the_missing_ones_concurrently_and_reports_every_failure(tmp_p
 
     monkeypatch.setattr(common, "run_experiment", fake_run)
     experiments = [(None, {}, "done"), (None, {}, "a"), (None, {"fail": True}, "b"),
-                   (None, {}, "c"), (None, {"fail": True}, "d")]
+                   (None, {}, "c"), (None, {"fail": True}, "d"), (None, {}, "a")]
     with pytest.raises(RuntimeError, match="2 of 4 runs failed: b, d"):
         common.run_parallel(experiments, tmp_path, jobs=2)
-    assert sorted(started) == ["a", "b", "c", "d"]          # "done" is reused, not rerun
+    assert sorted(started) == ["a", "b", "c", "d"]          # "done" is reused; "a" runs once
     assert at_once[0] == 2                                  # two at a time, never more
     assert (tmp_path / "c" / "summary.json").exists()       # a failure stops no other run
 

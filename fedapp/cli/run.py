@@ -23,9 +23,9 @@ from typing import Any, Sequence
 
 from fedapp.cli import cluster
 from fedapp.cli.flower import BIN, LocalSuperLink, run_status, stage_app, stream_run
-from fedapp.config import (PROJECT_ROOT, SHARED_KEYS, ConfigError, default_run_name,
-                           explicit_layers, format_explicit, parse_override, pyproject_defaults,
-                           read_preset, resolve_preset, toml_value)
+from fedapp.config import (PROJECT_ROOT, SHARED_KEYS, ConfigError, client_cache_budget,
+                           default_run_name, explicit_layers, format_explicit, parse_override,
+                           pyproject_defaults, read_preset, resolve_preset, toml_value)
 
 # What needs torch, Flower or numpy (strategies' methods, the data, fedapp.runtime.results) is
 # imported inside the commands that use it: `fedapp settings`, `fedapp methods` and a refused
@@ -222,6 +222,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError("--resume continues one run; give no --sweep with it.")
         runs = [resolve_run(args, variant=v) for v in sweep_variants(args.sweep)]
         address = cluster.ray_address(getattr(args, "ray_address", None))
+        if address == cluster.LOCAL:  # its virtual clients read it, but only once started
+            client_cache_budget()
     except (ConfigError, OSError, RuntimeError, ValueError) as exc:
         print(f"fedapp: {exc}", file=sys.stderr)
         return 2

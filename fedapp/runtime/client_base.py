@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
-import os
 import signal
 import sys
 import threading
@@ -28,7 +26,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.client import NumPyClient
 
 from client_models import HeteroModel
-from fedapp.config import ConfigError, RunConfig
+from fedapp.config import ConfigError, RunConfig, client_cache_budget
 from fedapp.data import setup
 from fedapp.data.local_data import expected_input, load_local_data
 from fedapp.data.partitions import ClientData, load_client_data
@@ -104,30 +102,16 @@ def tensors_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def cache_budget() -> int:
-    """Bytes each of the process's two client caches may hold: ``FEDAPP_CLIENT_CACHE_MIB``
-    MiB (default 1024). Both sit on the clients' device, and every actor keeps its own, so
-    several simulated clients sharing a small GPU may need less."""
-    value = os.environ.get("FEDAPP_CLIENT_CACHE_MIB", "1024")
-    try:
-        mib = float(value)
-    except ValueError:
-        mib = -1.0
-    if not (math.isfinite(mib) and mib >= 0):
-        raise ConfigError(f"FEDAPP_CLIENT_CACHE_MIB must be a number of MiB >= 0; got {value!r}")
-    return int(mib * 2**20)
-
-
 # Built models kept per process: rebuilding (and re-initialising) a model for every message
 # costs more than a round of training on small shards. A cached model is used as it is only
 # when its version matches the one saved in context.state; otherwise the state is loaded into
 # it. Bounded by bytes of parameters and buffers, so a process serving many virtual clients
 # does not hoard memory (on a GPU too: the models sit on the client's device).
 _MODEL_CACHE = BytesBoundedCache(
-    cache_budget(), lambda entry: tensors_bytes(entry[1].state_dict().values()))
+    client_cache_budget(), lambda entry: tensors_bytes(entry[1].state_dict().values()))
 # Clients' shards on their device, bounded likewise (the global test subset is kept once for
 # all of them, by _global_test).
-_DATA_CACHE = BytesBoundedCache(cache_budget(),
+_DATA_CACHE = BytesBoundedCache(client_cache_budget(),
                                 lambda shard: tensors_bytes(shard.tensors()))
 
 
