@@ -29,8 +29,8 @@ bench: setup
 # seeds; the diagnostic pages at their one seed). Finished runs under results/, or recorded in
 # reproduce/records/, are reused, so an interrupted `make reproduce` resumes (on another machine
 # too), and with every run present it only rewrites the tables.
-# From nothing it takes many hours on 2 cores, not yet timed as a whole (a script's docstring
-# gives its own share). reproduce/crosscheck_htfllib.py is not among them: it needs the folder
+# From nothing it takes about a day on 2 cores (README; reproduce/records_time.py sums the
+# recorded runs' own time). reproduce/crosscheck_htfllib.py is not among them: it needs the folder
 # PFLlib's generator writes (docs/crosscheck.md).
 # Each entry: a script with the arguments its page's tables were made with (the page's
 # "Produced by" line; tests/test_reproduce_all.py keeps the two in step).
