@@ -114,7 +114,10 @@ def main() -> None:
     run_parallel(list(plan.values()), OUT, args.jobs)
     runs = {label: run_experiment(*e, OUT) for label, e in plan.items()}
     last = runs[next(iter(runs))]["rounds"]
-    lines = [f"Dir(0.5), 10 clients x 300 samples, {last} rounds, seed {args.seed}; each term "
+    command = ".venv/bin/python reproduce/fedclassavg_diagnosis.py" + (
+        f" --seed {args.seed}" if args.seed else "")
+    lines = [f"Produced by `{command}`. "
+             f"Dir(0.5), 10 clients x 300 samples, {last} rounds, seed {args.seed}; each term "
              "averaged over the round's batches and the clients; gradient norms per batch.", "",
              *table(runs, sorted({1, last // 2, last})), "",
              "![diagnosis](fedclassavg-diagnosis.png)"]

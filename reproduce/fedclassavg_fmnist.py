@@ -122,7 +122,12 @@ def main() -> None:
                      for label, spec in ablation_rows.items()}
 
     rounds = main_runs["FedClassAvg", "Dir(0.5)"][0]["rounds"]
-    lines = [f"Accuracy after round {rounds}: each client's own test set, {len(args.seeds)} "
+    command = (".venv/bin/python reproduce/fedclassavg_fmnist.py"
+               + ("" if args.seeds == [0, 1, 2] else " --seeds " + " ".join(map(str, args.seeds)))
+               + ("" if args.ablation_seeds == [0, 1, 2] else
+                  " --ablation-seeds " + " ".join(map(str, args.ablation_seeds))))
+    lines = [f"Produced by `{command}`. "
+             f"Accuracy after round {rounds}: each client's own test set, {len(args.seeds)} "
              f"seeds ({', '.join(map(str, args.seeds))}).", "",
              HEADER.format("method / split", 2)]
     for (method, split), summaries in main_runs.items():

@@ -82,7 +82,11 @@ def main() -> None:
     run_parallel([e for row in rows.values() for e in row], OUT, args.jobs)
     runs = {label: [run_experiment(*e, OUT) for e in row] for label, row in rows.items()}
 
-    lines = [f"10 clients x {SAMPLES} training samples (local test 30 % of that), Dir(0.5), "
+    command = (".venv/bin/python reproduce/fedclassavg_longer.py"
+               + ("" if args.seeds == [0] else " --seeds " + " ".join(map(str, args.seeds)))
+               + ("" if args.rounds == 100 else f" --rounds {args.rounds}")
+               + (" --with-ca-pr" if args.with_ca_pr else ""))
+    lines = [f"Produced by `{command}`. 10 clients x {SAMPLES} training samples (local test 30 % of that), Dir(0.5), "
              f"{args.rounds} rounds, seeds {', '.join(map(str, args.seeds))}. \"From round\": "
              "the first evaluated round from which the mean accuracy stays at or above local "
              "training's at the same round (per seed).", "",
