@@ -200,9 +200,16 @@ def run_parallel(experiments: Sequence[tuple[str | None, Mapping[str, Any], str]
 def add_resource_options(parser: argparse.ArgumentParser) -> None:
     """``--jobs`` and ``--client-num-gpus``: how a script's runs use the machine. Neither
     changes what a run computes, so runs made either way are reused alike."""
-    parser.add_argument("--jobs", type=int, default=1,
+    def at_least(low: float, kind: type) -> Any:
+        def parse(text: str) -> Any:
+            value = kind(text)
+            if not value >= low:
+                raise argparse.ArgumentTypeError(f"must be at least {low}; got {text}")
+            return value
+        return parse
+    parser.add_argument("--jobs", type=at_least(1, int), default=1,
                         help="runs at once, each its own SuperLink and Ray instance (default 1)")
-    parser.add_argument("--client-num-gpus", type=float, default=0.0,
+    parser.add_argument("--client-num-gpus", type=at_least(0.0, float), default=0.0,
                         help="each virtual client's share of a GPU (default 0: on the CPU)")
 
 

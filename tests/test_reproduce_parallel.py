@@ -43,6 +43,16 @@ def test_runs_only_the_missing_ones_concurrently_and_reports_every_failure(tmp_p
     assert (tmp_path / "c" / "summary.json").exists()       # a failure stops no other run
 
 
+def test_resource_options_refuse_what_means_nothing():
+    import argparse
+    parser = argparse.ArgumentParser()
+    common.add_resource_options(parser)
+    assert parser.parse_args(["--jobs", "3", "--client-num-gpus", "0.5"]).jobs == 3
+    for bad in (["--jobs", "0"], ["--client-num-gpus", "-1"], ["--client-num-gpus", "nan"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad)
+
+
 def test_one_job_leaves_the_runs_to_the_script(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "run_experiment", lambda *a: pytest.fail("ran"))
     common.run_parallel([(None, {}, "a")], tmp_path, jobs=1)
