@@ -40,10 +40,13 @@ def record_path(out_dir: Path, run_name: str) -> Path:
     return RECORDS / Path(out_dir).name / f"{run_name}.json"
 
 
+QUICK = "quick"
+
+
 def quick_folder(out_dir: Path) -> Path:
     """Where a script's ``--quick`` pipeline check writes its runs (shrunk settings, one seed):
     beside its real runs, and never recorded."""
-    return Path(out_dir) / "quick"
+    return Path(out_dir) / QUICK
 
 
 def finished(out_dir: Path, run_name: str) -> Path | None:
@@ -89,7 +92,7 @@ def record(out_dir: Path, run_name: str, origin: Mapping[str, Any],
     """The run's record: its summary with ``provenance`` (``origin`` if the run has no record
     yet, which it is then kept as); ``read``: counted among the runs a table comes from."""
     path = record_path(out_dir, run_name)
-    if Path(out_dir).name == quick_folder(Path()).name:  # a pipeline check: no evidence
+    if Path(out_dir).name == QUICK:  # a pipeline check's runs are no evidence
         return {**json.loads(finished(out_dir, run_name).read_text()), "provenance": dict(origin)}
     if not path.exists():
         summary = json.loads(finished(out_dir, run_name).read_text())
@@ -183,8 +186,9 @@ def run_parallel(experiments: Sequence[tuple[str | None, Mapping[str, Any], str]
                  out_dir: Path, jobs: int) -> None:
     """Run the (preset, overrides, run name) experiments that have no summary yet (each name
     once), ``jobs`` at a time — each ``fedapp run`` has its own SuperLink and Ray instance —
-    for a machine with cores (or a GPU) to spare; the script then reads them through ``run_experiment``, which reuses
-    them. Every failure is reported, the others still run; then it raises."""
+    for a machine with cores (or a GPU) to spare; the script then reads them through
+    ``run_experiment``, which reuses them. Every failure is reported, the others still run;
+    then it raises."""
     from concurrent.futures import ThreadPoolExecutor
     todo = list({e[2]: e for e in experiments if finished(out_dir, e[2]) is None}.values())
     if jobs <= 1 or not todo:
