@@ -9,10 +9,12 @@ Two settings (``--setting``):
 - ``htfllib``: FedGH on HtFLlib's Fashion-MNIST setting: 20 clients, all of them every round,
   Dirichlet 0.1 over the training set, batch 10, 1 local epoch, plain SGD with lr 0.01 (no
   momentum, weight decay or clipping), three CNNs with a 512-d representation (CNN-1..3 of
-  FedGH's Table 2 with ``feature-dim`` 512). Here the bare loop does only the training steps
-  and the evaluation; FedGH's own work (the representation pass that computes the class means,
-  the server's header training, the global header's evaluation) counts as overhead, as it would
-  in HtFLlib's figure.
+  FedGH's Table 2 with ``feature-dim`` 512). The bare loop times FedGH's own client pass (the
+  representations' class means over the training data, after training: its LARs) apart from
+  its training and evaluation, so a ratio can count that pass as overhead, as HtFLlib's figure
+  does, or hold the Flower round against the bare loop doing the same work. FedGH's other own
+  work (the server's header training, the global header's evaluation on features already
+  computed) is counted as overhead in every ratio.
 
 The variants:
 
@@ -69,6 +71,7 @@ from flwr.app import Context, RecordDict  # noqa: E402
 from fedapp.data import setup  # noqa: E402
 from fedapp.data.partitions import load_client_data  # noqa: E402
 from fedapp.runtime import timeline  # noqa: E402
+from fedapp.runtime.class_stats import class_means  # noqa: E402
 from fedapp.seeding import derive_seed  # noqa: E402
 from strategies import METHODS, load_config  # noqa: E402
 
@@ -89,18 +92,26 @@ def settings(args: argparse.Namespace) -> dict:
             "client-state": args.client_state}
 
 
-def bare(cfg) -> Iterator[tuple[float, float]]:
+# A method's own client work that the bare loop can do too, with the function its client calls:
+# FedGH's clients upload their representations' class means over the training data.
+OWN_PASS = {"fedgh": lambda model, shard, num_classes: class_means(
+    model.features, model, shard.train_x, shard.train_y, num_classes)}
+
+
+def bare(cfg) -> Iterator[tuple[float, float, float]]:
     """The reference: the plainest loop that does the same training and evaluation.
 
-    Yields (training seconds, evaluation seconds) of each round (set-up is not timed)."""
+    Yields (training seconds, evaluation seconds, seconds of the method's own client pass in
+    :data:`OWN_PASS`, 0 for a method without one) of each round (set-up is not timed)."""
     data = setup.dataset(cfg)
     shards = [load_client_data(data, setup.partition_spec(cfg), k)
               for k in range(cfg.num_clients)]
     models = [setup.new_model(cfg, arch, data.input_shape, data.num_classes,
                               *setup.own_key(cfg, k))
               for k, arch in enumerate(setup.architectures(cfg))]
+    own_pass = OWN_PASS.get(cfg.method)
     for rnd in range(1, cfg.num_server_rounds + 1):
-        train = evaluate = 0.0
+        train = evaluate = own = 0.0
         for k, (model, shard) in enumerate(zip(models, shards)):
             start = time.perf_counter()
             opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
@@ -118,13 +129,17 @@ def bare(cfg) -> Iterator[tuple[float, float]]:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                 opt.step()
             middle = time.perf_counter()
+            if own_pass is not None:
+                own_pass(model, shard, data.num_classes)
+            after_pass = time.perf_counter()
             model.eval()
             with torch.no_grad():
                 for i in range(0, len(shard.test_y), 512):
                     model(shard.test_x[i:i + 512]).argmax(1)
             train += middle - start
-            evaluate += time.perf_counter() - middle
-        yield train, evaluate
+            own += after_pass - middle
+            evaluate += time.perf_counter() - after_pass
+        yield train, evaluate, own
 
 
 def runtime(cfg) -> Iterator[float]:
@@ -230,9 +245,10 @@ def interleaved(args: argparse.Namespace) -> list[dict[str, float]]:
                                      f"{proc.returncode}) before its round {rnd}")
                 time.sleep(0.05)
             busy, stolen, own = *cpu_seconds(), time.process_time()
-            train, evaluate = next(bare_rounds)
+            train, evaluate, own = next(bare_rounds)
             busy2, stolen2 = cpu_seconds()
             rows.append({"bare-train": train, "bare": train + evaluate,
+                         "bare-same": train + evaluate + own,
                          "others-cpu": busy2 - busy - (time.process_time() - own),
                          "stolen": stolen2 - stolen})
             (pause / f"round-{rnd}.go").touch()
@@ -252,26 +268,29 @@ def report_interleaved(rows: list[dict[str, float]], cfg, warmup_rounds: int) ->
     just after it; the median of those ratios is the sitting's figure."""
     print("\n| Flower round | its seconds | of it the clients' training and evaluation | bare "
           "training before / after it | round / bare training | round / bare training + "
-          "evaluation | clients' training and evaluation / bare's | other processes' CPU "
-          "during the bare round after it |\n|---|---|---|---|---|---|---|---|")
-    ratios: dict[str, list[float]] = {"train": [], "both": [], "clients": []}
+          "evaluation | round / bare training + evaluation + the method's own pass | clients' "
+          "training and evaluation / bare's | other processes' CPU during the bare round "
+          "after it |\n|---|---|---|---|---|---|---|---|---|")
+    ratios: dict[str, list[float]] = {"train": [], "both": [], "same": [], "clients": []}
     for r in range(1, len(rows)):
         before, after = rows[r - 1], rows[r]
-        both = (before["bare"] + after["bare"]) / 2
-        ratios["train"].append(after["round"] / ((before["bare-train"] + after["bare-train"]) / 2))
-        ratios["both"].append(after["round"] / both)
-        ratios["clients"].append(after["round-clients"] / both)
+        mean = {key: (before[key] + after[key]) / 2 for key in ("bare-train", "bare", "bare-same")}
+        ratios["train"].append(after["round"] / mean["bare-train"])
+        ratios["both"].append(after["round"] / mean["bare"])
+        ratios["same"].append(after["round"] / mean["bare-same"])
+        ratios["clients"].append(after["round-clients"] / mean["bare"])
         print(f"| {r + 1} | {after['round']:.1f} | {after['round-clients']:.1f} | "
               f"{before['bare-train']:.1f} / {after['bare-train']:.1f} | "
               + " | ".join(f"{v[-1]:.2f}x" for v in ratios.values())
               + f" | {after['others-cpu']:.1f} s (stolen {after['stolen']:.1f} s) in "
-              f"{after['bare']:.1f} s |")
+              f"{after['bare-same']:.1f} s |")
     if len(rows) > 1:
-        print(f"\nmedians over rounds 2-{len(rows)}: a round "
-              f"{statistics.median(ratios['train']):.2f}x the bare training, "
-              f"{statistics.median(ratios['both']):.2f}x the bare training + evaluation; the "
-              f"clients' training and evaluation {statistics.median(ratios['clients']):.2f}x "
-              "the bare loop's")
+        median = {key: statistics.median(v) for key, v in ratios.items()}
+        print(f"\nmedians over rounds 2-{len(rows)}: a round {median['train']:.2f}x the bare "
+              f"training, {median['both']:.2f}x the bare training + evaluation, "
+              f"{median['same']:.2f}x the bare training + evaluation + the method's own pass "
+              f"({'none' if cfg.method not in OWN_PASS else cfg.method + ': class means'}); "
+              f"the clients' training and evaluation {median['clients']:.2f}x the bare loop's")
     print(f"work: method {cfg.method}, {cfg.num_clients} clients, {torch.get_num_threads()} "
           f"threads, torch {torch.__version__}; the bare loop's first {warmup_rounds} "
           "round(s) untimed")
@@ -286,16 +305,17 @@ def one_sitting(args: argparse.Namespace, cfg) -> dict[str, float]:
     # run's "round after the first" leaves its own cold round out.
     t = {}
     if not args.flwr_only:
-        t = {"bare-train": 0.0, "bare": 0.0, "runtime": 0.0}
+        t = {"bare-train": 0.0, "bare": 0.0, "bare-same": 0.0, "runtime": 0.0}
         loops = load_config({**settings(args), "client-state": "memory",
                              "num-server-rounds": args.rounds + args.warmup_rounds})
         per_round = []
-        for rnd, ((train, evaluate), r) in enumerate(zip(bare(loops), runtime(loops)), 1):
-            per_round.append(f"{train + evaluate:.1f}/{r:.1f}")
+        for rnd, ((train, evaluate, own), r) in enumerate(zip(bare(loops), runtime(loops)), 1):
+            per_round.append(f"{train + evaluate + own:.1f}/{r:.1f}")
             if rnd <= args.warmup_rounds:
                 continue
             t["bare-train"] += train
             t["bare"] += train + evaluate
+            t["bare-same"] += train + evaluate + own
             t["runtime"] += r
         print("seconds per round, bare / client runtime (the first "
               f"{args.warmup_rounds} untimed): " + ", ".join(per_round), flush=True)
@@ -354,6 +374,8 @@ def main() -> None:
     rounds = cfg.num_server_rounds
     rows = [("bare PyTorch loop: training only", "bare-train", 1),
             ("bare PyTorch loop: training + evaluation", "bare", 1),
+            ("bare PyTorch loop: training + evaluation + the method's own pass (FedGH: class "
+             "means)", "bare-same", 1),
             ("client runtime (in-process)", "runtime", 1),
             ("flwr run (ServerApp)", "server", 1),
             ("flwr run (end to end)", "end-to-end", 1),
@@ -364,18 +386,20 @@ def main() -> None:
             ("  of it the strategy's own work (configure, aggregate)", "round-strategy",
              rounds)]
     print("\n| variant | seconds | ratio to bare (training + evaluation) | ratio to bare "
-          "training |\n|---|---|---|---|")
+          "training | ratio to bare (the same work: training + evaluation + the method's own "
+          "pass) |\n|---|---|---|---|---|")
     for label, key, scale in rows:
         if key not in sittings[0]:
             continue
         seconds = [s[key] * scale for s in sittings]
         shown = " / ".join(f"{v / scale:.{1 if scale == 1 else 2}f}" for v in seconds)
         if args.flwr_only:
-            print(f"| {label} | {shown} | | |")
+            print(f"| {label} | {shown} | | | |")
             continue
         print(f"| {label} | {shown} | "
               + ratio_range([v / s["bare"] for v, s in zip(seconds, sittings)]) + " | "
-              + ratio_range([v / s["bare-train"] for v, s in zip(seconds, sittings)]) + " |")
+              + ratio_range([v / s["bare-train"] for v, s in zip(seconds, sittings)]) + " | "
+              + ratio_range([v / s["bare-same"] for v, s in zip(seconds, sittings)]) + " |")
     cap = args.samples_per_client or "all"
     print(f"\nwork ({args.setting}): method {cfg.method}, {cfg.num_clients} clients x {rounds} "
           f"rounds x 1 epoch, samples per client: {cap}, batch {cfg.batch_size}, "
