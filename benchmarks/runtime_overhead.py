@@ -244,12 +244,12 @@ def interleaved(args: argparse.Namespace) -> list[dict[str, float]]:
                     raise SystemExit(f"runtime_overhead: the Flower run ended (exit "
                                      f"{proc.returncode}) before its round {rnd}")
                 time.sleep(0.05)
-            busy, stolen, own = *cpu_seconds(), time.process_time()
-            train, evaluate, own = next(bare_rounds)
+            busy, stolen, own_cpu = *cpu_seconds(), time.process_time()
+            train, evaluate, own_pass = next(bare_rounds)
             busy2, stolen2 = cpu_seconds()
             rows.append({"bare-train": train, "bare": train + evaluate,
-                         "bare-same": train + evaluate + own,
-                         "others-cpu": busy2 - busy - (time.process_time() - own),
+                         "bare-same": train + evaluate + own_pass,
+                         "others-cpu": busy2 - busy - (time.process_time() - own_cpu),
                          "stolen": stolen2 - stolen})
             (pause / f"round-{rnd}.go").touch()
         if proc.wait() != 0:
