@@ -224,7 +224,7 @@ def interleaved(args: argparse.Namespace) -> list[dict[str, float]]:
     two bare rounds, minutes apart at most.
 
     Returns one row per Flower round: its seconds, and the bare round run after it (training,
-    training + evaluation), with the CPU seconds that other processes (the paused Flower run's
+    training + evaluation, and with the method's own pass: the same work), with the CPU seconds that other processes (the paused Flower run's
     included) and the hypervisor took from the machine meanwhile."""
     loops = load_config({**settings(args), "client-state": "memory",
                          "num-server-rounds": args.rounds + args.warmup_rounds})
@@ -374,8 +374,8 @@ def main() -> None:
     rounds = cfg.num_server_rounds
     rows = [("bare PyTorch loop: training only", "bare-train", 1),
             ("bare PyTorch loop: training + evaluation", "bare", 1),
-            ("bare PyTorch loop: training + evaluation + the method's own pass (FedGH: class "
-             "means)", "bare-same", 1),
+            ("bare PyTorch loop: the same work (training + evaluation + the method's own "
+             "pass, if any)", "bare-same", 1),
             ("client runtime (in-process)", "runtime", 1),
             ("flwr run (ServerApp)", "server", 1),
             ("flwr run (end to end)", "end-to-end", 1),
