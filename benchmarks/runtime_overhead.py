@@ -224,8 +224,9 @@ def interleaved(args: argparse.Namespace) -> list[dict[str, float]]:
     two bare rounds, minutes apart at most.
 
     Returns one row per Flower round: its seconds, and the bare round run after it (training,
-    training + evaluation, and with the method's own pass: the same work), with the CPU seconds that other processes (the paused Flower run's
-    included) and the hypervisor took from the machine meanwhile."""
+    training + evaluation, and with the method's own pass: the same work), with the CPU seconds
+    that other processes (the paused Flower run's included) and the hypervisor took from the
+    machine meanwhile."""
     loops = load_config({**settings(args), "client-state": "memory",
                          "num-server-rounds": args.rounds + args.warmup_rounds})
     bare_rounds = bare(loops)
