@@ -126,7 +126,10 @@ def provenance_line(summaries: Iterable[Mapping[str, Any]]) -> str:
             machines[machine] = machines.get(machine, 0) + 1
 
     def listed(counts: dict[str, int]) -> str:
-        return ", ".join(f"{k} ({n})" for k, n in sorted(counts.items(), key=lambda x: -x[1]))
+        # Most runs first, ties by name: the line must not depend on the order runs were read
+        # in (a resumed script reads its new runs from results/ before the recorded ones).
+        return ", ".join(f"{k} ({n})" for k, n in sorted(counts.items(),
+                                                        key=lambda x: (-x[1], x[0])))
     runs = f"{len(origins)} runs were" if len(origins) != 1 else "run was"
     return (f"This script's {runs} made at commits {listed(commits)}"
             + (f", on {listed(machines)}" if machines else "")

@@ -145,9 +145,10 @@ def test_a_sweep_counts_each_of_its_runs_once_in_the_tables_provenance(tmp_path,
 def test_a_table_says_where_its_runs_were_made():
     here = {"commit": "199b52b8656a", "dirty": False, "cpu": "AMD EPYC",
             "cpu_capability": "AVX512", "torch": "2.14.1"}
-    line = common.provenance_line([{"provenance": here}, {"provenance": here},
-                                   {"provenance": {**here, "dirty": True}},
-                                   {"provenance": {"recorded_from": "earlier"}}, {}])
+    runs = [{"provenance": here}, {"provenance": here}, {"provenance": {**here, "dirty": True}},
+            {"provenance": {"recorded_from": "earlier"}}, {}]
+    line = common.provenance_line(runs)
+    assert common.provenance_line(runs[::-1]) == line  # ties by name, not by reading order
     assert line.startswith("This script's 5 runs were made at commits 199b52b (2), unknown (2), "
                            "199b52b with uncommitted changes (1), on AMD EPYC (AVX512), "
                            "torch 2.14.1 (3)")
