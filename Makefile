@@ -25,10 +25,10 @@ test-all: test test-long
 bench: setup
 	.venv/bin/python benchmarks/runtime_overhead.py
 
-# Every table and plot in docs/ from its reproduction script (3 seeds where the page reports
-# seeds; the diagnostic pages at their one seed). Finished runs under results/, or recorded in
-# reproduce/records/, are reused, so an interrupted `make reproduce` resumes (on another machine
-# too), and with every run present it only rewrites the tables.
+# Every table and plot in docs/ from its reproduction script (3 seeds unless the entry says
+# otherwise). Finished runs under results/, or recorded in reproduce/records/, are reused, so
+# an interrupted `make reproduce` resumes (on another machine too), and with every run present
+# it only rewrites the tables.
 # From nothing it takes about a day on 2 cores (README; reproduce/records_time.py sums the
 # recorded runs' own time). reproduce/crosscheck_htfllib.py is not among them: it needs the folder
 # PFLlib's generator writes (docs/crosscheck.md).
@@ -36,7 +36,7 @@ bench: setup
 # "Produced by" line; tests/test_reproduce_all.py keeps the two in step).
 REPRODUCE = defaults.py scoreboard.py "fedclassavg_defaults.py --variants 2" fedgh_fmnist.py \
             fedgh_regimes.py fedclassavg_fmnist.py fedclassavg_diagnosis.py \
-            fedclassavg_longer.py fedhe_async_fmnist.py felo_fmnist.py \
+            "fedclassavg_longer.py --seeds 0" fedhe_async_fmnist.py felo_fmnist.py \
             "compfl_fmnist.py --clients 10" compfl_d2d_fmnist.py
 reproduce: setup
 	.venv/bin/pip install -q -e ".[reproduce]"

@@ -5,7 +5,7 @@ with the proximal term and no contrastive term, Table 4's CA+PR), to see whether
 at 300 samples x 20 rounds (``reproduce/fedclassavg_fmnist.py``) appear with more data and
 rounds.
 
-    .venv/bin/python reproduce/fedclassavg_longer.py [--seeds 0] [--rounds 100] [--with-ca-pr]
+    .venv/bin/python reproduce/fedclassavg_longer.py [--seeds 0 1 2] [--rounds 100] [--with-ca-pr]
     .venv/bin/python reproduce/fedclassavg_longer.py --jobs 3 --client-num-gpus 0.5   # on a GPU
 
 Every run is ``fedapp run conf/fedclassavg-code.toml --set max-samples-per-client=3000 --set
@@ -68,7 +68,7 @@ def best(summary: Mapping[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--with-ca-pr", action="store_true")
     add_resource_options(parser)
@@ -83,7 +83,7 @@ def main() -> None:
     runs = {label: [run_experiment(*e, OUT) for e in row] for label, row in rows.items()}
 
     command = (".venv/bin/python reproduce/fedclassavg_longer.py"
-               + ("" if args.seeds == [0] else " --seeds " + " ".join(map(str, args.seeds)))
+               + ("" if args.seeds == [0, 1, 2] else " --seeds " + " ".join(map(str, args.seeds)))
                + ("" if args.rounds == 100 else f" --rounds {args.rounds}")
                + (" --with-ca-pr" if args.with_ca_pr else ""))
     lines = [f"Produced by `{command}`. 10 clients x {SAMPLES} training samples (local test 30 % of that), Dir(0.5), "
