@@ -29,7 +29,7 @@ bench: setup
 # otherwise). Finished runs under results/, or recorded in reproduce/records/, are reused, so
 # an interrupted `make reproduce` resumes (on another machine too), and with every run present
 # it only rewrites the tables.
-# From nothing it takes about a day on 2 cores (README; reproduce/records_time.py sums the
+# From nothing it takes more than a day on 2 cores (README; reproduce/records_time.py sums the
 # recorded runs' own time). reproduce/crosscheck_htfllib.py is not among them: it needs the folder
 # PFLlib's generator writes (docs/crosscheck.md).
 # Each entry: a script with the arguments its page's tables were made with (the page's
