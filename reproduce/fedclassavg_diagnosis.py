@@ -171,5 +171,6 @@ def main() -> None:
     write_generated(DOC, "reproduce/fedclassavg_diagnosis.py", text)
     print(text)
 
+
 if __name__ == "__main__":
     main()

@@ -6,7 +6,7 @@ frozen header) on 10 clients with the CNN-1..5 mix, under the pathological 2/10 
 (conf/fedgh-fmnist-dirichlet.toml), for several seeds, through ``fedapp run``; writes the table
 into docs/fedgh.md (between its generated markers) and the curves into docs/fedgh-fmnist.png.
 
-    .venv/bin/python reproduce/fedgh_fmnist.py                 # 3 seeds, 36 runs, about 45 min alone on 2 cores
+    .venv/bin/python reproduce/fedgh_fmnist.py                 # 3 seeds, 36 runs: 36 min of run time on 2 cores, plus their starts
     .venv/bin/python reproduce/fedgh_fmnist.py --seeds 0 --rounds 3   # a quick look
 
 Finished runs are reused (their summary.json), so an interrupted reproduction resumes.

@@ -91,5 +91,6 @@ def main() -> None:
     write_generated(DOC, "reproduce/fedgh_regimes.py", table)
     print(table)
 
+
 if __name__ == "__main__":
     main()
