@@ -109,6 +109,15 @@ def record(out_dir: Path, run_name: str, origin: Mapping[str, Any],
 READ: dict[Path, dict[str, Any]] = {}
 
 
+# Every script's default seeds; a "Produced by" line names the seeds only when they differ.
+DEFAULT_SEEDS = [0, 1, 2]
+
+
+def seeds_option(seeds: Sequence[int], flag: str = "--seeds") -> str:
+    """``" --seeds 0 1"`` for a command line, or ``""`` for the default seeds 0, 1, 2."""
+    return "" if list(seeds) == DEFAULT_SEEDS else f" {flag} " + " ".join(map(str, seeds))
+
+
 def provenance_line(summaries: Iterable[Mapping[str, Any]]) -> str:
     """Where a table's runs were made, in a sentence: their commits and machines (records)."""
     origins = [s.get("provenance", {}) for s in summaries]

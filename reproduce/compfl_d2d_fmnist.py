@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from common import (ROOT, cell, mean_std, per_architecture, per_client_accuracies, plot_panels,
-                    quick_folder, run_experiment, write_generated)
+                    quick_folder, run_experiment, write_generated, seeds_option)
 
 PRESET = "compfl-fmnist"
 SCRIPT = "reproduce/compfl_d2d_fmnist.py"
@@ -105,7 +105,7 @@ def main() -> None:
     plot = args.doc.parent / "compfl-d2d-fmnist.png"
     plot_panels(panels, plot)
     command = f".venv/bin/python {SCRIPT}" + (" --quick" if args.quick else "".join(
-        [" --seeds " + " ".join(map(str, seeds)) if seeds != [0, 1, 2] else "",
+        [seeds_option(seeds),
          f" --clients {args.clients}" if args.clients != 10 else ""]))
     write_generated(args.doc, SCRIPT, "\n\n".join([
         f"Produced by `{command}` ({len(seeds)} seed(s): {', '.join(map(str, seeds))}). "

@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (DEFAULTS_SETTINGS, ROOT, add_resource_options, cell,  # noqa: E402
                     mean_client_accuracy, mean_std, read_generated, resource_overrides,
-                    run_parallel, run_seeds, training_caption, write_generated)
+                    run_parallel, run_seeds, training_caption, write_generated, seeds_option)
 
 from fedapp.config import toml_value  # noqa: E402
 
@@ -172,7 +172,7 @@ def main() -> None:
     def caption(command: str) -> str:
         return (f"Produced by `.venv/bin/python {command}"
                 + ("" if covered == every else f" --methods {' '.join(covered)}")
-                + ("" if seeds == [0, 1, 2] else f" --seeds {' '.join(map(str, seeds))}")
+                + seeds_option(seeds)
                 + "`"
                 + (f" (in parts: the last invocation, `--methods {' '.join(ran)}`, re-ran the"
                    " baselines and replaced those methods' rows, keeping the others')"

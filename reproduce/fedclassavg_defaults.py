@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (DEFAULTS_SETTINGS, ROOT, cell, mean_std, per_client_accuracies,  # noqa: E402
-                    run_experiment, training_caption, write_generated)
+                    run_experiment, training_caption, write_generated, seeds_option)
 
 SCRIPT = "reproduce/fedclassavg_defaults.py"
 OUT = ROOT / "results" / "fedclassavg-defaults"
@@ -98,7 +98,7 @@ def main() -> None:
     data_labels = list(DEFAULTS_SETTINGS)
     baseline = {d: stats("Standalone (same recipe)", d) for d in data_labels}
     command = (f".venv/bin/python {SCRIPT}"
-               + ("" if args.seeds == [0, 1, 2] else f" --seeds {' '.join(map(str, args.seeds))}")
+               + seeds_option(args.seeds)
                + ("" if args.variants == len(VARIANTS) else f" --variants {args.variants}"))
     lines = [f"Produced by `{command}`"
              + f". Mean per-client local-test accuracy after the last round, ± std over "

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (ROOT, add_resource_options, mean_std,  # noqa: E402
-                    resource_overrides, run_experiment, run_parallel, write_generated)
+                    resource_overrides, run_experiment, run_parallel, write_generated, seeds_option)
 from fedclassavg_fmnist import METHODS, PRESET, slug  # noqa: E402
 
 OUT = ROOT / "results" / "fedclassavg-diagnosis"
@@ -156,7 +156,7 @@ def main() -> None:
     runs = {label: [run_experiment(*e, OUT) for e in row] for label, row in plan.items()}
     last = runs[next(iter(runs))][0]["rounds"]
     command = ".venv/bin/python reproduce/fedclassavg_diagnosis.py" + (
-        "" if args.seeds == [0, 1, 2] else " --seeds " + " ".join(map(str, args.seeds)))
+        seeds_option(args.seeds))
     one = len(args.seeds) == 1
     lines = [f"Produced by `{command}`. "
              f"Dir(0.5), 10 clients x 300 samples, {last} rounds, seed{'' if one else 's'} "

@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (ROOT, add_resource_options, cell, paired_line,  # noqa: E402
                     per_client_accuracies, plot_curves, resource_overrides, run_experiment,
-                    run_parallel, write_generated)
+                    run_parallel, write_generated, seeds_option)
 
 PRESET = "conf/fedclassavg-code.toml"
 OUT = ROOT / "results" / "fedclassavg-fmnist"
@@ -123,9 +123,7 @@ def main() -> None:
 
     rounds = main_runs["FedClassAvg", "Dir(0.5)"][0]["rounds"]
     command = (".venv/bin/python reproduce/fedclassavg_fmnist.py"
-               + ("" if args.seeds == [0, 1, 2] else " --seeds " + " ".join(map(str, args.seeds)))
-               + ("" if args.ablation_seeds == [0, 1, 2] else
-                  " --ablation-seeds " + " ".join(map(str, args.ablation_seeds))))
+               + seeds_option(args.seeds) + seeds_option(args.ablation_seeds, "--ablation-seeds"))
     lines = [f"Produced by `{command}`. "
              f"Accuracy after round {rounds}: each client's own test set, {len(args.seeds)} "
              f"seeds ({', '.join(map(str, args.seeds))}).", "",

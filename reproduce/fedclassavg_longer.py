@@ -23,7 +23,7 @@ from typing import Any, Mapping
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (ROOT, add_resource_options, cell, per_client_accuracies,  # noqa: E402
                     plot_curves, resource_overrides, run_experiment, run_parallel,
-                    write_generated)
+                    write_generated, seeds_option)
 from fedclassavg_fmnist import BASELINE, METHODS, PRESET, slug  # noqa: E402
 
 OUT = ROOT / "results" / "fedclassavg-longer"
@@ -83,7 +83,7 @@ def main() -> None:
     runs = {label: [run_experiment(*e, OUT) for e in row] for label, row in rows.items()}
 
     command = (".venv/bin/python reproduce/fedclassavg_longer.py"
-               + ("" if args.seeds == [0, 1, 2] else " --seeds " + " ".join(map(str, args.seeds)))
+               + seeds_option(args.seeds)
                + ("" if args.rounds == 100 else f" --rounds {args.rounds}")
                + (" --with-ca-pr" if args.with_ca_pr else ""))
     lines = [f"Produced by `{command}`. 10 clients x {SAMPLES} training samples (local test 30 % of that), Dir(0.5), "

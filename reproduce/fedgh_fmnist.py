@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from common import (ROOT, cell, mean_std, per_client_accuracies, plot_panels, run_experiment,
-                    write_generated)
+                    write_generated, seeds_option)
 
 # (label, method, overrides). Every method runs the same local training (the preset's SGD,
 # E = local-epochs passes), so FedHe's update is set to full passes rather than the paper's
@@ -104,7 +104,7 @@ def main() -> None:
     plot = args.doc.parent / "fedgh-fmnist.png"
     plot_panels(panels, plot)
     command = f".venv/bin/python {SCRIPT}" + (
-        "" if args.seeds == [0, 1, 2] else " --seeds " + " ".join(map(str, args.seeds))) + (
+        seeds_option(args.seeds)) + (
         "" if args.rounds is None else f" --rounds {args.rounds}")
     write_generated(args.doc, SCRIPT, "\n\n".join([
         f"Produced by `{command}`.", *tables, f"![accuracy per round]({plot.name})"]))

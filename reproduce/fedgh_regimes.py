@@ -24,7 +24,7 @@ from typing import Any, Mapping
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (ROOT, add_resource_options, mean_client_accuracy,  # noqa: E402
                     mean_std, paired, resource_overrides, run_experiment, run_parallel,
-                    write_generated)
+                    write_generated, seeds_option)
 
 PRESET = "conf/fedgh-fmnist-dirichlet.toml"
 OUT = ROOT / "results" / "fedgh-regimes"
@@ -68,7 +68,7 @@ def main() -> None:
     runs = {key: [run_experiment(*e, OUT) for e in row] for key, row in plan.items()}
 
     command = "reproduce/fedgh_regimes.py" + (" --rich" if args.rich else "") + (
-        "" if args.seeds == [0, 1, 2] else " --seeds " + " ".join(map(str, args.seeds)))
+        seeds_option(args.seeds))
     one = len(args.seeds) == 1
     lines = [f"Produced by `.venv/bin/python {command}`. Dirichlet 0.3, 10 clients, seed"
              f"{'' if one else 's'} {', '.join(map(str, args.seeds))}: mean local test accuracy "
@@ -76,7 +76,7 @@ def main() -> None:
              "its own locally trained one; in brackets the global header installed)"
              + ("" if one else "; the differences paired by seed, mean ± std over seeds") + ".",
              "", "| regime | local steps per round (largest client) | Standalone | LG-FedAvg | "
-             "FedGH | FedGH − Standalone | FedGH − LG-FedAvg |", "|---|---|---|---|---|---|---|"]
+             "FedGH | FedGH − Standalone | FedGH − LG-FedAvg |", "|---" * 7 + "|"]
     for regime, overrides in regimes.items():
         acc = {label: mean_std(map(mean_client_accuracy, runs[regime, label]))[0]
                for label in METHODS}

@@ -30,7 +30,7 @@ import numpy as np
 
 from common import (ROOT, add_resource_options, cell, mean_std, per_client_accuracies,
                     quick_folder, resource_overrides, run_experiment, run_parallel,
-                    training_caption, write_generated)
+                    training_caption, write_generated, seeds_option)
 
 SCRIPT = "reproduce/fedhe_async_fmnist.py"
 EQUAL, SLOW = "fedhe-async-fmnist", "fedhe-async-stragglers-fmnist"
@@ -229,7 +229,7 @@ def main() -> None:
     image = doc.parent / "fedhe-async-fmnist.png"
     plot(panels, image)
     command = f".venv/bin/python {SCRIPT}" + (" --quick" if args.quick else "") + (
-        "" if args.seeds == [0, 1, 2] else " --seeds " + " ".join(map(str, args.seeds))) + (
+        seeds_option(args.seeds)) + (
         "" if len(splits) == len(SPLITS) or args.quick else " --splits " + " ".join(
             args.splits)) + ("" if args.stragglers else " --no-stragglers") + (
         " --arrival" if args.arrival else "")

@@ -28,7 +28,7 @@ import numpy as np
 
 from common import (ROOT, add_resource_options, cell, mean_std, paired, per_client_accuracies,
                     plot_panels, quick_folder, resource_overrides, run_experiment,
-                    run_parallel, write_generated)
+                    run_parallel, write_generated, seeds_option)
 
 PRESET = "felo-fmnist"
 SCRIPT = "reproduce/felo_fmnist.py"
@@ -155,7 +155,7 @@ def main() -> None:
     plot = doc.parent / "felo-fmnist.png"
     plot_panels(panels, plot)
     command = f".venv/bin/python {SCRIPT}" + (" --quick" if args.quick else "") + (
-        "" if args.seeds == [0, 1, 2] else " --seeds " + " ".join(map(str, args.seeds))) + (
+        seeds_option(args.seeds)) + (
         "" if args.rounds is None else f" --rounds {args.rounds}")
     write_generated(doc, SCRIPT, "\n\n".join([
         f"Produced by `{command}`.", *tables, f"![accuracy per round]({plot.name})"]))
