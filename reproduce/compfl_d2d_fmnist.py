@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (ROOT, cell, mean_std, per_architecture, per_client_accuracies, plot_panels,
-                    quick_folder, run_experiment, write_generated, seeds_option)
+from common import (DEFAULT_SEEDS, ROOT, cell, mean_std, per_architecture, per_client_accuracies,
+                    plot_panels, quick_folder, run_experiment, write_generated, seeds_option)
 
 PRESET = "compfl-fmnist"
 SCRIPT = "reproduce/compfl_d2d_fmnist.py"
@@ -53,7 +53,7 @@ def row(label: str, graph: str, summaries: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     parser.add_argument("--clients", type=int, choices=(20, 10), default=10)
     parser.add_argument("--quick", action="store_true",
                         help="4 clients, 100 samples, 2 rounds, one seed; not for the docs")

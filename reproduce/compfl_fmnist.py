@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (ROOT, cell, mean_std, paired_line, per_architecture,
+from common import (DEFAULT_SEEDS, ROOT, cell, mean_std, paired_line, per_architecture,
                     per_client_accuracies, plot_panels, quick_folder, run_experiment,
                     write_generated)
 
@@ -75,7 +75,7 @@ TABLE_HEAD = ["| method | local accuracy (mean over clients; ± std over seeds) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     parser.add_argument("--rounds", type=int, default=None,
                         help="override num-server-rounds (default: the preset's 30)")
     parser.add_argument("--clients", type=int, choices=(20, 10), default=20,

@@ -35,8 +35,8 @@ from typing import Any, Mapping
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (ROOT, finished, mean_std, provenance, record, run_seeds,  # noqa: E402
-                    write_generated)
+from common import (DEFAULT_SEEDS, ROOT, finished, mean_std, provenance, record,  # noqa: E402
+                    run_seeds, write_generated)
 
 from client_models.htfllib_cnns import HTFLLIB_CNNS  # noqa: E402
 
@@ -360,7 +360,7 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS),
                         help="these rows only, written as a part of docs/crosscheck.md of its "
                         "own (the table of every row is left as it is)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help=f"rounds (default {ROUNDS}, the peer's run; another count "
                         "leaves its columns out)")

@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (DEFAULTS_SETTINGS, ROOT, add_resource_options, cell,  # noqa: E402
-                    mean_client_accuracy, mean_std, read_generated, resource_overrides,
+from common import (DEFAULT_SEEDS, DEFAULTS_SETTINGS, ROOT, add_resource_options,  # noqa: E402
+                    cell, mean_client_accuracy, mean_std, read_generated, resource_overrides,
                     run_parallel, run_seeds, training_caption, write_generated, seeds_option)
 
 from fedapp.config import toml_value  # noqa: E402
@@ -75,7 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--methods", nargs="+", choices=sorted(METHODS),
                         default=[m for m in METHODS if m != "standalone"])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     parser.add_argument("--out", type=Path, default=OUT)
     add_resource_options(parser)
     args = parser.parse_args()

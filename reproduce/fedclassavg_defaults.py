@@ -29,8 +29,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (DEFAULTS_SETTINGS, ROOT, cell, mean_std, per_client_accuracies,  # noqa: E402
-                    run_experiment, training_caption, write_generated, seeds_option)
+from common import (DEFAULT_SEEDS, DEFAULTS_SETTINGS, ROOT, cell, mean_std,  # noqa: E402
+                    per_client_accuracies, run_experiment, training_caption, write_generated,
+                    seeds_option)
 
 SCRIPT = "reproduce/fedclassavg_defaults.py"
 OUT = ROOT / "results" / "fedclassavg-defaults"
@@ -73,7 +74,7 @@ def mean_accuracy(summary: dict) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     parser.add_argument("--variants", type=int, default=len(VARIANTS),
                         help="run the first N variants only (the code's values first)")
     parser.add_argument("--out", type=Path, default=OUT)

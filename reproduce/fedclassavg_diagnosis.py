@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (ROOT, add_resource_options, mean_std,  # noqa: E402
-                    resource_overrides, run_experiment, run_parallel, write_generated, seeds_option)
+from common import (DEFAULT_SEEDS, ROOT, add_resource_options, mean_std,  # noqa: E402
+                    resource_overrides, run_experiment, run_parallel, write_generated,
+                    seeds_option)
 from fedclassavg_fmnist import METHODS, PRESET, slug  # noqa: E402
 
 OUT = ROOT / "results" / "fedclassavg-diagnosis"
@@ -145,7 +146,7 @@ def plot(runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     add_resource_options(parser)
     args = parser.parse_args()
     plan = {label: [(PRESET, {"partition": "dirichlet", **overrides, "fedclassavg.diagnose": True,

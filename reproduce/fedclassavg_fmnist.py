@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (ROOT, add_resource_options, cell, paired_line,  # noqa: E402
+from common import (DEFAULT_SEEDS, ROOT, add_resource_options, cell, paired_line,  # noqa: E402
                     per_client_accuracies, plot_curves, resource_overrides, run_experiment,
                     run_parallel, write_generated, seeds_option)
 
@@ -97,8 +97,8 @@ def model_sizes(summary: Mapping[str, Any]) -> dict[str, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--ablation-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
+    parser.add_argument("--ablation-seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     add_resource_options(parser)
     args = parser.parse_args()
     resources = resource_overrides(args)

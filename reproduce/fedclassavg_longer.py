@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (ROOT, add_resource_options, cell, per_client_accuracies,  # noqa: E402
-                    plot_curves, resource_overrides, run_experiment, run_parallel,
-                    write_generated, seeds_option)
+from common import (DEFAULT_SEEDS, ROOT, add_resource_options, cell,  # noqa: E402
+                    per_client_accuracies, plot_curves, resource_overrides, run_experiment,
+                    run_parallel, write_generated, seeds_option)
 from fedclassavg_fmnist import BASELINE, METHODS, PRESET, slug  # noqa: E402
 
 OUT = ROOT / "results" / "fedclassavg-longer"
@@ -68,7 +68,7 @@ def best(summary: Mapping[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--with-ca-pr", action="store_true")
     add_resource_options(parser)

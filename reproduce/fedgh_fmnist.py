@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (ROOT, cell, mean_std, per_client_accuracies, plot_panels, run_experiment,
-                    write_generated, seeds_option)
+from common import (DEFAULT_SEEDS, ROOT, cell, mean_std, per_client_accuracies, plot_panels,
+                    run_experiment, write_generated, seeds_option)
 
 # (label, method, overrides). Every method runs the same local training (the preset's SGD,
 # E = local-epochs passes), so FedHe's update is set to full passes rather than the paper's
@@ -67,7 +67,7 @@ def claims(results: dict[str, list[dict]]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     parser.add_argument("--rounds", type=int, default=None,
                         help="override num-server-rounds (default: the presets' 20)")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "reproduce-fedgh")

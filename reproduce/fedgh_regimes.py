@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (ROOT, add_resource_options, mean_client_accuracy,  # noqa: E402
+from common import (DEFAULT_SEEDS, ROOT, add_resource_options, mean_client_accuracy,  # noqa: E402
                     mean_std, paired, resource_overrides, run_experiment, run_parallel,
                     write_generated, seeds_option)
 
@@ -54,7 +54,7 @@ def global_header(summary: Mapping[str, Any]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     parser.add_argument("--rich", action="store_true")
     add_resource_options(parser)
     args = parser.parse_args()

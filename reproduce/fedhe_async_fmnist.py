@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (ROOT, add_resource_options, cell, mean_std, per_client_accuracies,
-                    quick_folder, resource_overrides, run_experiment, run_parallel,
-                    training_caption, write_generated, seeds_option)
+from common import (DEFAULT_SEEDS, ROOT, add_resource_options, cell, mean_std,
+                    per_client_accuracies, quick_folder, resource_overrides, run_experiment,
+                    run_parallel, training_caption, write_generated, seeds_option)
 
 SCRIPT = "reproduce/fedhe_async_fmnist.py"
 EQUAL, SLOW = "fedhe-async-fmnist", "fedhe-async-stragglers-fmnist"
@@ -165,7 +165,7 @@ def plot(panels: dict[str, dict[str, list[dict]]], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     parser.add_argument("--splits", nargs="+", choices=[s.split()[0] for s, _ in SPLITS],
                         default=[s.split()[0] for s, _ in SPLITS],
                         help="which partitions (default: both)")

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (ROOT, add_resource_options, cell, mean_std, paired, per_client_accuracies,
-                    plot_panels, quick_folder, resource_overrides, run_experiment,
-                    run_parallel, write_generated, seeds_option)
+from common import (DEFAULT_SEEDS, ROOT, add_resource_options, cell, mean_std, paired,
+                    per_client_accuracies, plot_panels, quick_folder, resource_overrides,
+                    run_experiment, run_parallel, write_generated, seeds_option)
 
 PRESET = "felo-fmnist"
 SCRIPT = "reproduce/felo_fmnist.py"
@@ -105,7 +105,7 @@ def table(title: str, results: dict[str, list[dict]], seeds: list[int],
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     parser.add_argument("--rounds", type=int, default=None,
                         help="override num-server-rounds (default: the preset's 50)")
     parser.add_argument("--quick", action="store_true",
