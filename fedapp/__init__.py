@@ -12,9 +12,9 @@ checks it)::
     fedapp.runtime       what every method builds on: the client base (FedClient), the Strategy
                          base (FedStrategy), the payload wire format, local training, aggregation
                          maths, per-class statistics, checkpoints, results, client speeds
-    strategies           one module per method (FedGH, Felo/Velo, CompFL, FedClassAvg, FedHe and
-                         the baselines): only its maths, on the runtime's bases; their own
-                         settings in one module without torch (strategies.settings)
+    strategies           one folder per method (FedGH, Felo/Velo, CompFL, FedClassAvg, FedHe, the
+                         baselines, ...): its card without torch (its own settings, its recipe,
+                         its registration) and its maths, on the runtime's bases
     fedapp.loops         the server loops that are not Flower's synchronous rounds: asynchronous,
                          device-to-device relays (walk, gossip) over a topology, their Grid I/O
     fedapp.server_app    the Flower ServerApp and ClientApp entry points

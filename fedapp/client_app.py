@@ -11,7 +11,7 @@ from flwr.clientapp import ClientApp
 
 from fedapp.config import RunConfig
 from fedapp.runtime import timeline
-from strategies import METHODS, load_config
+from strategies import get_method, load_config
 
 
 @functools.lru_cache(maxsize=8)
@@ -22,7 +22,7 @@ def _config(items: frozenset) -> RunConfig:
 
 def client_fn(context: Context) -> Client:
     cfg = _config(frozenset(context.run_config.items()))
-    return METHODS[cfg.method].client(context, cfg).to_client()
+    return get_method(cfg.method).client(context, cfg).to_client()
 
 
 def timeline_marks(message: Message, context: Context, call_next) -> Message:

@@ -7,7 +7,8 @@ frozen :class:`RunConfig` and refuses a bad value before any training, naming th
 and what is allowed.
 
 Method-specific settings are namespaced (``fedgh.server-lr``) and declared and validated by each
-method's settings dataclass (``strategies.settings``); this module only knows the shared ones.
+method's settings dataclass (in its folder's card, ``strategies/<method>/__init__.py``); this
+module only knows the shared ones.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from typing import Any, Mapping
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = PROJECT_ROOT / "conf"
+
+
+# The run-config key that carries a user's method's own settings through Flower (RunConfig).
+METHOD_SETTINGS_KEY = "method-settings"
 
 
 class ConfigError(ValueError):
@@ -63,7 +68,16 @@ class RunConfig:
     """Shared settings of one run. Field ``foo_bar`` is the run-config key ``foo-bar``."""
 
     # -- what runs
-    method: str = _opt("fedgh", "federated method (see `fedapp methods`)")
+    method: str = _opt("fedgh", "federated method (see `fedapp methods`), or a method folder "
+                       "of your own by import path, e.g. 'mypkg.mymethod' (docs/usage.md)")
+    method_packages: str = _opt(
+        "", "packages of your own whose method folders join the built-in methods, "
+        "comma-separated: `fedapp methods` lists them as 'package.folder' and their settings "
+        "are checked with ours (a method named by import path needs no entry here)")
+    method_settings: str = _opt(
+        "", "the own settings of methods given by import path, as a JSON object "
+        "{\"mypkg.mymethod.key\": value}: Flower's run config carries only the app's own keys, "
+        "so `fedapp run` packs such settings (from presets and --set) here")
     num_server_rounds: int = _opt(20, "number of federated rounds", low=1)
     num_clients: int = _opt(10, "number of clients (simulation: SuperNodes)", low=1)
     fraction_fit: float = _opt(1.0, "fraction of clients sampled for training each round",

@@ -21,7 +21,7 @@ from fedapp.loops.relay import GossipLoop, WalkLoop
 from fedapp.runtime import checkpoint, linkstate
 from fedapp.runtime.results import Recorder
 from fedapp.runtime.strategy_base import RoundFailed
-from strategies import METHODS, load_config, recipe_line, settings_report
+from strategies import get_method, load_config, recipe_line, settings_report
 
 
 def server_fn(context: Context) -> ServerAppComponents:
@@ -54,8 +54,8 @@ def server_fn(context: Context) -> ServerAppComponents:
     log(INFO, "[fedapp] %s on %s: %d clients, %d rounds%s; results in %s", cfg.method,
         cfg.dataset, cfg.num_clients, cfg.num_server_rounds,
         f" (resumed after round {done})" if done else "", run_dir)
-    strategy = METHODS[cfg.method].strategy(cfg, recorder, input_shape=data.input_shape,
-                                            num_classes=data.num_classes)
+    strategy = get_method(cfg.method).strategy(cfg, recorder, input_shape=data.input_shape,
+                                               num_classes=data.num_classes)
     if method_state is not None:
         strategy.restore(done, method_state)
     if done >= cfg.num_server_rounds:  # killed after its last round, before its summary

@@ -233,6 +233,22 @@ def resource_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {"client-num-gpus": args.client_num_gpus} if args.client_num_gpus > 0 else {}
 
 
+# The order in which the pages list the methods: their tables' rows, and which method names a
+# recipe shared by several (the scoreboard's ``fedper-recipe``); a method not named here comes
+# after these, by name, so that a new method needs no entry.
+PAGE_ORDER = ("standalone", "fedavg", "lg-fedavg", "fedclassavg", "fedgh", "fedproto", "fedhe",
+              "fedper", "fedrep", "compfl", "felo", "velo", "fedgen", "fedl2g", "fml", "fedmrl",
+              "fedkd", "fd", "fedre", "fedtgp")
+
+
+def page_methods() -> dict[str, Any]:
+    """The registered methods (``strategies.METHODS``) in the pages' order."""
+    from strategies import METHODS
+    rank = {name: i for i, name in enumerate(PAGE_ORDER)}
+    return {name: METHODS[name]
+            for name in sorted(METHODS, key=lambda m: (rank.get(m, len(rank)), m))}
+
+
 def training_caption(preset: str, overrides: Mapping[str, Any] = ()) -> str:
     """How every client of ``preset`` (with ``overrides``) trains, in words for a table's
     caption: optimizer, learning rate, lifetime, local steps and batch, as ``fedapp settings``

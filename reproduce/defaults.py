@@ -30,8 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (DEFAULT_SEEDS, DEFAULTS_SETTINGS, ROOT, add_resource_options,  # noqa: E402
-                    cell, mean_client_accuracy, mean_std, read_generated, resource_overrides,
-                    run_parallel, run_seeds, training_caption, write_generated, seeds_option)
+                    cell, mean_client_accuracy, mean_std, page_methods, read_generated,
+                    resource_overrides, run_parallel, run_seeds, training_caption,
+                    write_generated, seeds_option)
 
 from fedapp.config import toml_value  # noqa: E402
 
@@ -71,7 +72,7 @@ PAGES = {"docs/htfl-methods-1.md": ["fd", "fedre", "fedtgp"], "docs/fedgen.md": 
 
 
 def main() -> None:
-    from strategies import METHODS
+    METHODS = page_methods()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--methods", nargs="+", choices=sorted(METHODS),
                         default=[m for m in METHODS if m != "standalone"])

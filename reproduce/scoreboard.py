@@ -48,8 +48,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (ROOT, add_resource_options, finished, mean_std,  # noqa: E402
-                    mean_client_accuracy, paired, resource_overrides, run_parallel, run_seeds,
-                    write_generated)
+                    mean_client_accuracy, page_methods, paired, resource_overrides,
+                    run_parallel, run_seeds, write_generated)
 
 SCRIPT = "reproduce/scoreboard.py"
 OUT = ROOT / "results" / "scoreboard"
@@ -113,7 +113,7 @@ def recipes() -> dict[str, tuple[tuple[str, Any], ...]]:
     first method in the registry (``fedper-recipe`` serves FedPer and FedRep); HtFLlib's (FD's,
     plain SGD and a new optimizer every round, shared by most of its methods) is
     ``htfllib-recipe``."""
-    from strategies import METHODS
+    METHODS = page_methods()
     own, out = training("standalone"), {}
     for name, method in METHODS.items():
         values = training(name)
@@ -134,7 +134,7 @@ def variants() -> dict[str, tuple[dict[str, Any], str]]:
     """A row's variant -> (its overrides, its label). ``cnn5``: one architecture (FedAvg and its
     Standalone); ``<method>-recipe``: Standalone trained with that method's recipe (the rows it
     serves say which methods train so)."""
-    from strategies import METHODS
+    METHODS = page_methods()
     out = {"": ({}, ""), "cnn5": (ONE_ARCH, f"{ONE_ARCH['arch-mix']} only")}
     for name, values in recipes().items():
         users = [m for m in METHODS if recipe_of(m) == name and not METHODS[m].homogeneous_only]
@@ -147,7 +147,7 @@ def variants() -> dict[str, tuple[dict[str, Any], str]]:
 
 def rows() -> list[tuple[str, str]]:
     """(method, loop) for every registered method and every loop it can run."""
-    from strategies import METHODS
+    METHODS = page_methods()
     out = []
     for name, method in METHODS.items():
         out.append((name, "rounds"))
@@ -191,7 +191,7 @@ def traffic(summary: dict) -> float:
 
 
 def main() -> None:
-    from strategies import METHODS
+    METHODS = page_methods()
     from fedapp.runtime.results import human_bytes
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS),

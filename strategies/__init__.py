@@ -1,30 +1,35 @@
-"""The methods: one module each, registered here by the name the run config uses.
+"""The methods: one folder each under ``strategies/``, found by the registry.
 
-Adding a method = its module (a ``FedClient`` and a ``FedStrategy`` subclass), a frozen dataclass
-of its own settings in ``strategies/settings.py`` if it has any, one entry in ``METHODS`` (with
-the method's recipe: how its authors train a client), the settings' defaults under
-``[tool.flwr.app.config.<method>]`` in ``pyproject.toml`` and a preset in ``conf/``.
+A method's folder holds two modules (docs/architecture.md):
 
-The registry names each method's module and imports it only when its strategy or client is
-asked for: listing the methods and checking settings (``fedapp methods``, ``fedapp settings``, a
-refused setting) import no torch, so the command line answers in about a second
-(docs/benchmarks.md).
+- ``__init__.py``, its *card*, imports no torch: the method's own settings (a frozen dataclass,
+  ``<method>.*``), its recipe (how its authors train a client) and ``METHOD``, a
+  :class:`Method` naming its two halves and the constraints it puts on the federation;
+- ``maths.py``, the method itself: its ``FedClient`` and ``FedStrategy``, read top to bottom.
+
+The folder's name is the method's name (``lg_fedavg/`` is ``method = "lg-fedavg"``): adding a
+method is its folder, the defaults of its settings under ``[tool.flwr.app.config.<method>]``
+in ``pyproject.toml``, its tests and its page; no list here names it. A method of a user's own
+package runs by import path (``method = "mypkg.mymethod"``), and ``method-packages`` adds a
+package's method folders to ``fedapp methods``.
+
+Listing the methods and checking settings (``fedapp methods``, ``fedapp settings``, a refused
+setting) read the cards only, so the command line answers in about a second without torch;
+a method's maths is imported when its strategy or client is built (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
+import pkgutil
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from fedapp.config import (RECIPE_KEYS, SHARED_KEYS, ConfigError, RunConfig, explicit_layers,
-                           parse_run_config, parse_settings, resolve_layers, settings_keys,
-                           toml_value)
-from strategies.settings import (CompFLSettings, FDSettings, FedClassAvgSettings, FedGenSettings,
-                                 FedGHSettings, FedHeSettings, FedKDSettings, FedL2GSettings,
-                                 FedMRLSettings, FedProtoSettings, FedRESettings, FedRepSettings,
-                                 FedTGPSettings, FeloSettings, FMLSettings, VeloSettings)
+from fedapp.config import (METHOD_SETTINGS_KEY, RECIPE_KEYS, SHARED_KEYS, ConfigError,
+                           RunConfig, explicit_layers, parse_run_config, parse_settings,
+                           resolve_layers, settings_keys, toml_value)
 
 if TYPE_CHECKING:
     from fedapp.runtime.client_base import FedClient
@@ -33,12 +38,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Method:
-    """A method's two halves and the constraints it puts on the federation."""
+    """A method's card: its two halves and the constraints it puts on the federation."""
 
     summary: str
-    module: str                     # the method's module, e.g. "strategies.fedgh", and the
-    strategy_class: str             # names of its FedStrategy and FedClient subclasses there
-    client_class: str
+    strategy_class: str             # names of its FedStrategy and FedClient subclasses in the
+    client_class: str               # folder's maths.py
     homogeneous_only: bool = False  # every client must run the same architecture
     shared_dim: bool = False        # d-sized vectors (head, representations, prototypes) are
                                     # exchanged, so every extractor must output the same d
@@ -51,146 +55,112 @@ class Method:
     # replace the global defaults when the run leaves them unset (docs/recipes.md says where
     # each value comes from). Empty: the global defaults are the method's recipe.
     recipe: Mapping[str, Any] = field(default_factory=dict)
+    package: str = ""               # the card's package (set by the registry)
 
-    # The two halves: the method's module (its maths, torch) is imported on first use.
+    # The two halves: the method's maths (torch) is imported on first use.
     @property
     def strategy(self) -> type[FedStrategy]:
-        return getattr(importlib.import_module(self.module), self.strategy_class)
+        return getattr(importlib.import_module(f"{self.package}.maths"), self.strategy_class)
 
     @property
     def client(self) -> type[FedClient]:
-        return getattr(importlib.import_module(self.module), self.client_class)
+        return getattr(importlib.import_module(f"{self.package}.maths"), self.client_class)
 
 
-# The recipes: how each method's authors train a client (docs/recipes.md cites the paper and
-# the code line for every value, and says where we deviate and why).
-# FedHe's code compiles one Keras Adam per client, kept for the whole run; 3 batches of 50.
-_FEDHE = {"optimizer": "adam", "lr": 0.001, "weight-decay": 0.0, "grad-clip": 0.0,
-          "optimizer-state": "keep", "batch-size": 50, "local-steps": 3}
-# Felo/Velo's code: one Adam per client with a MultiStepLR (x0.1 at half the run on
-# Fashion-MNIST) kept for the whole run; 10 batches of 50 per update.
-_FELO = {"optimizer": "adam", "lr": 0.001, "weight-decay": 0.0, "grad-clip": 0.0,
-         "lr-decay-at": "0.5", "lr-decay": 0.1, "optimizer-state": "keep", "batch-size": 50,
-         "local-steps": 10}
-# The FedAvg family as LG-FedAvg's and FedRep's authors train it: SGD with momentum 0.5, a
-# new optimizer every round, no clipping.
-_SGD_HALF = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.5, "grad-clip": 0.0,
-             "optimizer-state": "fresh"}
-# HtFLlib's shared client recipe (FD, FedRE, FedTGP, FedGen, FedL2G, FML, FedMRL, FedKD): plain
-# SGD 0.01 without momentum, weight decay or clipping, built in every round's train(); batch 10,
-# one epoch, drop_last; d = 512. FedL2G clips at 100, FML and FedKD at 10.
-_HTFLLIB = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.0, "weight-decay": 0.0,
-            "grad-clip": 0.0, "optimizer-state": "fresh", "batch-size": 10, "drop-last": True,
-            "local-epochs": 1, "local-steps": 0, "feature-dim": 512}
-
-METHODS: dict[str, Method] = {
-    "standalone": Method("local training only; no communication (lower bound)",
-                         "strategies.standalone", "Standalone", "StandaloneClient",
-                         asynchronous=True,
-                         # Local training has no message boundary: one optimizer throughout.
-                         recipe={"optimizer-state": "keep"}),
-    "fedavg": Method("average the whole model (homogeneous architectures only)",
-                     "strategies.fedavg", "FedAvg", "FedAvgClient", homogeneous_only=True,
-                     recipe={**_SGD_HALF, "weight-decay": 0.0, "batch-size": 50}),
-    "lg-fedavg": Method("average only the shared head; extractors stay local",
-                        "strategies.lg_fedavg", "LgFedAvg", "LgFedAvgClient", shared_dim=True,
-                        recipe={**_SGD_HALF, "weight-decay": 0.0, "batch-size": 50}),
-    "fedclassavg": Method("average the shared classifier; supervised contrastive loss (views "
-                          "by setting) + CE + rho * proximal term to the global classifier",
-                          "strategies.fedclassavg", "FedClassAvg", "FedClassAvgClient",
-                          shared_dim=True, settings=FedClassAvgSettings,
-                          # Paper Table 1 (Fashion-MNIST) and the code's Adam(0.5, 0.999),
-                          # built anew each round, no decay, no clipping, drop_last.
-                          recipe={"optimizer": "adam", "lr": 0.0006, "adam-beta1": 0.5,
-                                  "adam-beta2": 0.999, "weight-decay": 0.0, "grad-clip": 0.0,
-                                  "optimizer-state": "fresh", "batch-size": 64,
-                                  "drop-last": True, "local-epochs": 1, "feature-dim": 512}),
-    "fedgh": Method("server trains a global header on clients' per-class averaged "
-                    "representations",
-                    "strategies.fedgh", "FedGH", "FedGHClient", shared_dim=True,
-                    settings=FedGHSettings,
-                    # The heterogeneous script's SGD, new for every client and round; its
-                    # 30 epochs of 512 (grid-searched in the paper) are left to presets.
-                    recipe={"optimizer": "sgd", "lr": 0.01, "momentum": 0.9,
-                            "weight-decay": 0.001, "grad-clip": 50.0,
-                            "optimizer-state": "fresh"}),
-    "fedproto": Method("per-class prototypes up, count-weighted global prototypes down; "
-                       "CE + lambda * distance",
-                       "strategies.fedproto", "FedProto", "FedProtoClient", shared_dim=True,
-                       settings=FedProtoSettings,
-                       # The authors' batch is 4; HtFLlib's 10 is the practical one.
-                       recipe={**_SGD_HALF, "weight-decay": 0.0, "batch-size": 10,
-                               "drop-last": True}),
-    "fedhe": Method("per-class average logits up and down; CE + alpha * logit loss "
-                    "(any architectures)",
-                    "strategies.fedhe", "FedHe", "FedHeClient", settings=FedHeSettings,
-                    asynchronous=True, recipe=_FEDHE),
-    "fedper": Method("average the extractors within each architecture; heads stay private",
-                     "strategies.fedper", "FedPer", "FedPerClient",
-                     recipe={**_SGD_HALF, "weight-decay": 0.0001, "batch-size": 10}),
-    "fedrep": Method("as fedper, trained head first (extractor frozen), then extractor (head "
-                     "frozen)",
-                     "strategies.fedrep", "FedRep", "FedRepClient", settings=FedRepSettings,
-                     recipe={**_SGD_HALF, "weight-decay": 0.0001, "batch-size": 10}),
-    "compfl": Method("experts ordered by size share per-architecture extractors; prototype "
-                     "head adaptation, epsilon-greedy expert choice, CE + lambda * alignment + "
-                     "mu * ensemble KD",
-                     "strategies.compfl", "CompFL", "CompFLClient", settings=CompFLSettings,
-                     decentralised=True,
-                     # Paper App. B with FedPAC's learning rate (CompFL gives none).
-                     recipe={**_SGD_HALF, "weight-decay": 0.0005, "batch-size": 50,
-                             "local-epochs": 5}),
-    "felo": Method("per-class mean features and logits up, their per-class averages down; "
-                   "CE + alpha * (feature MSE + logit KL); same-architecture models averaged",
-                   "strategies.felo", "Felo", "FeloClient", shared_dim=True,
-                   settings=FeloSettings, recipe=_FELO),
-    "velo": Method("Felo whose server trains a conditional VAE on the features and sends one "
-                   "decoded feature per class",
-                   "strategies.velo", "Velo", "VeloClient", shared_dim=True,
-                   settings=VeloSettings, recipe=_FELO),
-    "fedgen": Method("heads averaged; the server trains a feature generator on the ensemble of "
-                     "the heads, and clients train their heads on its features too",
-                     "strategies.fedgen", "FedGen", "FedGenClient", shared_dim=True,
-                     settings=FedGenSettings, recipe=_HTFLLIB),
-    "fedl2g": Method("learnable per-class guiding vectors (features or logits) the server updates "
-                     "with the clients' meta-gradients of a held-out quiz loss; CE + MSE to them",
-                     "strategies.fedl2g", "FedL2G", "FedL2GClient", settings=FedL2GSettings,
-                     recipe={**_HTFLLIB, "grad-clip": 100.0}),  # clientl2g_feat.py:53
-    "fml": Method("a private model and a shared meme model (one architecture, averaged) "
-                  "trained by mutual learning: CE + KL to each other",
-                  "strategies.fml", "FML", "FMLClient",
-                  settings=FMLSettings, recipe={**_HTFLLIB, "grad-clip": 10.0}),
-    "fedmrl": Method("a shared small model beside each private one; a private projector fuses "
-                     "both features, the shared head reads its first s dimensions, the private "
-                     "head all (Matryoshka); the shared model is averaged",
-                     "strategies.fedmrl", "FedMRL", "FedMRLClient",
-                     settings=FedMRLSettings, recipe=_HTFLLIB),
-    "fedkd": Method("a private mentor and a shared mentee (averaged) by adaptive mutual "
-                    "distillation (KL + hidden MSE, scaled by the task losses); the mentee's "
-                    "updates travel as truncated SVD factors",
-                    "strategies.fedkd", "FedKD", "FedKDClient",
-                    settings=FedKDSettings, recipe={**_HTFLLIB, "grad-clip": 10.0}),
-    "fd": Method("federated distillation: per-class average logits up, the other clients' "
-                 "per-class averages down; CE + lambda * soft CE to them (any architectures)",
-                 "strategies.fd", "FD", "FDClient",
-                 settings=FDSettings, asynchronous=True, recipe=_HTFLLIB),
-    "fedre": Method("one random convex mix of the class prototypes with its soft label up; the "
-                    "server trains a global head on the mixes and sends it",
-                    "strategies.fedre", "FedRE", "FedREClient", shared_dim=True,
-                    settings=FedRESettings, asynchronous=True,
-                    # The FedRE repository's defaults (main.py: -lr 0.03, -lbs 64).
-                    recipe={**_HTFLLIB, "lr": 0.03, "batch-size": 64}),
-    "fedtgp": Method("FedProto whose server trains the global prototypes (a class-embedding "
-                     "network) with an adaptive margin; nearest-prototype inference",
-                     "strategies.fedtgp", "FedTGP", "FedTGPClient", shared_dim=True,
-                     settings=FedTGPSettings, recipe=_HTFLLIB),
-}
+def _card(package: str) -> Method:
+    """The ``METHOD`` card of the method folder ``package`` (imported, torch-free)."""
+    module = importlib.import_module(package)
+    card = getattr(module, "METHOD", None)
+    if not isinstance(card, Method):
+        raise ConfigError(f"{package!r} is not a method folder: its __init__.py defines no "
+                          "METHOD = strategies.Method(...) (docs/architecture.md)")
+    return dataclasses.replace(card, package=package)
 
 
-def method_keys() -> dict[str, dataclasses.Field]:
-    """Every method's own settings: ``<method>.<key>`` -> its field (help, default, rule)."""
+def _folders(package: str, path: Iterable[str]) -> dict[str, Method]:
+    """Every method folder directly inside ``package``, by folder name."""
+    return {info.name: _card(f"{package}.{info.name}")
+            for info in sorted(pkgutil.iter_modules(list(path)), key=lambda i: i.name)
+            if info.ispkg}
+
+
+# The built-in methods, by name (the folder's, ``-`` for ``_``).
+METHODS: dict[str, Method] = {name.replace("_", "-"): card
+                              for name, card in _folders(__name__, __path__).items()}
+
+
+def is_method_path(name: str) -> bool:
+    """``mypkg.mymethod``: a method folder of a user's package rather than a built-in name."""
+    parts = name.split(".")
+    return len(parts) > 1 and all(part.isidentifier() for part in parts)
+
+
+def get_method(name: str) -> Method:
+    """The method ``method = name`` runs: a built-in, or a method folder by import path.
+    Raises ConfigError naming what is allowed."""
+    if name in METHODS:
+        return METHODS[name]
+    if is_method_path(name):
+        try:
+            return _card(name)
+        except ImportError as exc:
+            raise ConfigError(f"setting method = {name!r} is invalid: cannot import {name!r} "
+                              f"({exc}); install its package or put its folder on PYTHONPATH "
+                              "(an absolute path: Flower starts the apps in other folders)"
+                              ) from None
+    raise ConfigError(f"setting method = {name!r} is invalid: expected one of "
+                      + ", ".join(repr(m) for m in METHODS)
+                      + ", or a method folder of your own by import path, e.g. "
+                      "'mypkg.mymethod' (docs/usage.md).")
+
+
+def package_names(flat: Mapping[str, Any]) -> list[str]:
+    """The packages ``method-packages`` names."""
+    text = str(flat.get("method-packages", SHARED_KEYS["method-packages"].default))
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def known_methods(flat: Mapping[str, Any] = {}) -> dict[str, Method]:
+    """Every method a run config can see: the built-ins, the method folders of the packages
+    ``method-packages`` names (``package.folder``) and the one ``method`` names by import
+    path."""
+    known = dict(METHODS)
+    for package in package_names(flat):
+        try:
+            path = importlib.import_module(package).__path__
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"setting method-packages = {flat.get('method-packages')!r} is "
+                              f"invalid: {package!r} is not an importable package ({exc})"
+                              ) from None
+        known.update((f"{package}.{name}", card) for name, card in _folders(package, path).items())
+    method = str(flat.get("method", SHARED_KEYS["method"].default))
+    if method not in known and is_method_path(method):
+        known[method] = get_method(method)
+    return known
+
+
+def unpack_method_settings(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The run config with ``method-settings`` (a JSON object of a user's method's own
+    settings, which Flower's run config cannot carry as keys: it accepts only the app's own)
+    spread into flat keys; settings given as keys win."""
+    text = str(flat.get(METHOD_SETTINGS_KEY, "") or "")
+    if not text:
+        return dict(flat)
+    try:
+        packed = json.loads(text)
+        if not isinstance(packed, dict):
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"setting {METHOD_SETTINGS_KEY} = {text!r} is invalid: expected a "
+                          'JSON object of settings, e.g. {"mypkg.mymethod.alpha": 0.5}') from None
+    return {**packed, **flat, METHOD_SETTINGS_KEY: ""}
+
+
+def method_keys(flat: Mapping[str, Any] = {}) -> dict[str, dataclasses.Field]:
+    """Every method's own settings: ``<method>.<key>`` -> its field (help, default, rule), for
+    every method ``flat`` can see (``known_methods``)."""
     keys = {}
-    for name, method in METHODS.items():
+    for name, method in known_methods(flat).items():
         if method.settings is not None:
             keys.update(settings_keys(method.settings, name))
     return keys
@@ -200,18 +170,15 @@ def effective_settings(flat: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
     """(the run config with the chosen method's recipe in its layer, the layer of every shared
     key): global defaults < recipe < preset < --set (``fedapp.config.resolve_layers``). Refuses
     an unknown method or a bad value before any recipe is looked up."""
-    keys = method_keys()
+    flat = unpack_method_settings(flat)
+    keys = method_keys(flat)
     parsed = parse_run_config(flat, method_keys=keys)  # bad keys and values first
     unknown = [k for k in explicit_layers(parsed.explicit_settings)
                if k not in SHARED_KEYS and k not in keys]
     if unknown:
         raise ConfigError(f"setting explicit-settings = {parsed.explicit_settings!r} is "
                           f"invalid: {', '.join(unknown)} is not a setting.")
-    method = METHODS.get(parsed.method)
-    if method is None:
-        raise ConfigError(f"setting method = {parsed.method!r} is invalid: expected one of "
-                          + ", ".join(repr(m) for m in METHODS) + ".")
-    return resolve_layers(flat, parsed.method, method.recipe)
+    return resolve_layers(flat, parsed.method, get_method(parsed.method).recipe)
 
 
 def settings_report(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -221,8 +188,9 @@ def settings_report(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     method = effective.get("method", SHARED_KEYS["method"].default)
     explicit = explicit_layers(str(effective.get("explicit-settings", "")))
     values = {key: effective.get(key, f.default) for key, f in SHARED_KEYS.items()}
-    if METHODS[method].settings is not None:
-        for key, f in settings_keys(METHODS[method].settings, method).items():
+    own = get_method(method).settings
+    if own is not None:
+        for key, f in settings_keys(own, method).items():
             values[key] = effective.get(key, f.default)
             layers[key] = explicit.get(key) or ("config" if values[key] != f.default
                                                 else "default")
@@ -234,7 +202,7 @@ def recipe_line(report: Mapping[str, Mapping[str, Any]]) -> str:
     of them the run set itself (the first line a run prints)."""
     values, layers = report["settings"], report["layers"]
     method = values["method"]
-    used = "recipe" if values["recipe"] == "method" and METHODS[method].recipe else "defaults"
+    used = "recipe" if values["recipe"] == "method" and get_method(method).recipe else "defaults"
     # Only what the optimizer in force reads: no momentum for Adam, no betas for SGD.
     unused = {"sgd": ("adam-beta1", "adam-beta2"), "adam": ("momentum",)}[values["optimizer"]]
     keys = [k for k in RECIPE_KEYS if k not in unused]
@@ -251,11 +219,12 @@ def load_config(flat: Mapping[str, Any]) -> RunConfig:
     Every method's section is checked, not only the chosen one's, so that a typo in a setting
     of another method is caught too; the chosen method's settings land in ``cfg.settings``."""
     flat = effective_settings(flat)[0]
-    cfg = parse_run_config(flat, method_keys=method_keys())
+    known = known_methods(flat)
+    cfg = parse_run_config(flat, method_keys=method_keys(flat))
     sections = {name: parse_settings(m.settings, flat, name)
-                for name, m in METHODS.items() if m.settings is not None}
+                for name, m in known.items() if m.settings is not None}
     cfg = dataclasses.replace(cfg, settings=sections.get(cfg.method))
-    method = METHODS[cfg.method]
+    method = known[cfg.method]
     from fedapp.data.setup import architectures  # models import torch; keep this module light
     try:
         archs = architectures(cfg)
@@ -276,13 +245,13 @@ def load_config(flat: Mapping[str, Any]) -> RunConfig:
         raise ConfigError(
             f"setting server-loop = 'async' is invalid for method {cfg.method!r}: its server "
             "aggregates a whole round of uploads at once. Methods that take one upload at a "
-            "time: " + ", ".join(n for n, m in METHODS.items() if m.asynchronous) + ".")
+            "time: " + ", ".join(n for n, m in known.items() if m.asynchronous) + ".")
     if cfg.server_loop in ("walk", "gossip") and not method.decentralised:
         raise ConfigError(
             f"setting server-loop = {cfg.server_loop!r} is invalid for method {cfg.method!r}: "
             "device-to-device loops pass models from client to client, which only methods "
             "whose models are per-architecture experts can do: "
-            + ", ".join(n for n, m in METHODS.items() if m.decentralised) + ".")
+            + ", ".join(n for n, m in known.items() if m.decentralised) + ".")
     check = getattr(cfg.settings, "check", None)
     if check is not None:
         check(cfg)  # the method's cross-setting rules; raises ConfigError

@@ -10,7 +10,7 @@ from flwr.server import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from fedapp.runtime.payload import to_ndarrays
-from strategies import METHODS, load_config
+from strategies import get_method, load_config
 
 
 class FakeProxy(ClientProxy):
@@ -45,8 +45,8 @@ def make_strategy(method, recorder=None, input_shape=(1, 28, 28), num_classes=10
     sizes the server computes from the partition (what clients must claim as num_examples), so
     that hand-built replies can carry weights of the test's choosing."""
     cfg = cfg_of(method=method, **overrides)
-    strategy = METHODS[method].strategy(cfg, recorder, input_shape=input_shape,
-                                        num_classes=num_classes)
+    strategy = get_method(method).strategy(cfg, recorder, input_shape=input_shape,
+                                           num_classes=num_classes)
     if sizes is not None:
         strategy.train_sizes = list(sizes)
     return strategy
@@ -98,7 +98,7 @@ class InProcessFederation:
 
     def client(self, pid):
         """A fresh client object for partition ``pid`` (Flower builds one per message)."""
-        return METHODS[self.cfg.method].client(self.contexts[pid], self.cfg)
+        return get_method(self.cfg.method).client(self.contexts[pid], self.cfg)
 
     def fit_round(self, rnd, tamper=None):
         """One training round; ``tamper(pid, arrays)`` may replace what a client uploads.

@@ -12,9 +12,8 @@ import torch.nn.functional as F
 from fedapp.runtime.class_stats import ClassSums
 from fedapp.runtime.results import Recorder
 from fedapp.seeding import derive_seed
-from strategies.compfl import (HEAD_STATE_KEY, AdaptedExpert, CompFLSettings, alignment_loss,
-                               compfl_loss, ensemble_target, expert_weights, kd_loss, pack,
-                               prototype_head_init, select_expert, unpack)
+from strategies.compfl import CompFLSettings
+from strategies.compfl.maths import HEAD_STATE_KEY, AdaptedExpert, alignment_loss, compfl_loss, ensemble_target, expert_weights, kd_loss, pack, prototype_head_init, select_expert, unpack
 from tests.conftest import InProcessFederation, client_manager, fit_res, make_strategy
 
 SMALL, LARGE = "fedpac-cnn", "fedpac-cnn3"
@@ -62,7 +61,7 @@ def test_adaptation_without_fine_tuning_leaves_the_prototype_head():
                                                    "compfl.greedy": False})
     fed.fit_round(1)
     client = fed.client(0)
-    from strategies.compfl import adapt_expert
+    from strategies.compfl.maths import adapt_expert
     extractor = fed.strategy.extractors[SMALL]
     adapted = adapt_expert(SMALL, client.model, extractor, client.data.train_x,
                            client.data.train_y, client.cfg, torch.Generator().manual_seed(0))

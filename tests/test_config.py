@@ -134,12 +134,13 @@ def test_a_preset_extends_another_and_a_loop_is_refused(tmp_path, monkeypatch):
         config.read_preset(tmp_path / "child.toml")
 
 
-def test_every_method_names_its_strategy_and_client_in_its_module():
+def test_every_method_names_its_strategy_and_client_in_its_folders_maths():
     # The registry imports them by name on first use: a misspelt name would fail only then.
     for name, method in METHODS.items():
         assert issubclass(method.strategy, FedStrategy), name
         assert issubclass(method.client, FedClient), name
-        assert method.strategy.__module__ == method.client.__module__ == method.module, name
+        maths = f"strategies.{name.replace('-', '_')}.maths"
+        assert method.strategy.__module__ == method.client.__module__ == maths, name
 
 
 # `fedapp methods`, `fedapp settings` and a refused setting run nothing, so they import none of

@@ -2,7 +2,7 @@
 settings train, upload and evaluate identically, round after round, and another seed gives
 another run. (Randomness comes only from generators keyed by seed, partition, round and
 purpose: fedapp/seeding.py. Through `flwr run` the same holds across processes:
-test_flwr_run.py.) A method added to ``strategies.METHODS`` is covered without touching this
+test_flwr_run.py.) A method folder added under ``strategies/`` is covered without touching this
 file."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import torch
 from fedapp.config import ConfigError
 from fedapp.runtime.payload import decode
 from fedapp.runtime.results import Recorder
-from strategies.fd import distillation
+from strategies.fd.maths import distillation
 from tests.conftest import InProcessFederation, cfg_of, client_manager, fit_res, make_strategy
 
 # Every client holds all ten classes (iid), so every upload has C rows.

@@ -8,14 +8,14 @@ import torch
 import torch.nn.functional as F
 from flwr.app import Context, RecordDict
 
-import strategies.fedclassavg as fca
+import strategies.fedclassavg.maths as fca
 from fedapp.cli.run import resolve_settings
 from fedapp.config import ConfigError, settings_keys
 from fedapp.data.augment import ViewAugment, color_jitter, resized_crop_flip
 from fedapp.runtime.payload import decode, encode, float32, from_ndarrays, to_ndarrays, wire_size
 from fedapp.runtime.results import Recorder
 from strategies import METHODS, load_config
-from strategies.settings import FedClassAvgSettings
+from strategies.fedclassavg import FedClassAvgSettings
 from tests.conftest import cfg_of, client_manager, eval_res, fit_res, make_strategy
 
 CLASSIFIER = {"head.weight": (10, 512), "head.bias": (10,)}
@@ -176,7 +176,7 @@ def test_cross_entropy_sees_the_raw_image_or_the_first_view(views):
 
 
 def test_the_views_setting_offers_the_views_the_module_builds():
-    # strategies/settings.py names them without torch; strategies/fedclassavg.py builds them.
+    # The card (strategies/fedclassavg/__init__.py) names them without torch; maths.py builds them.
     assert tuple(fca.VIEWS) == settings_keys(FedClassAvgSettings)["views"].metadata["choices"]
 
 

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from fedapp.runtime.payload import PayloadError, decode
 from fedapp.runtime.results import Recorder
-from strategies.fedgen import (FedGenSettings, Generator, diversity_loss, teacher_weights,
-                               train_generator)
+from strategies.fedgen import FedGenSettings
+from strategies.fedgen.maths import Generator, diversity_loss, teacher_weights, train_generator
 from tests.conftest import InProcessFederation
 from tests.test_hostile_uploads import small_smoke_overrides
 

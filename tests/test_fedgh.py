@@ -12,7 +12,8 @@ from flwr.common import parameters_to_ndarrays
 from fedapp.runtime.payload import from_ndarrays
 from fedapp.runtime.results import Recorder
 from strategies import load_config
-from strategies.fedgh import FedGHSettings, train_header
+from strategies.fedgh import FedGHSettings
+from strategies.fedgh.maths import train_header
 from tests.conftest import InProcessFederation
 
 # Paper shapes: d = 500, C = 10, two classes per client (FedGH Table 3, CIFAR-10 column).

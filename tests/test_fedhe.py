@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from fedapp.runtime.payload import decode
 from fedapp.runtime.results import Recorder
-from strategies.fedhe import LogitStore, logit_loss
+from strategies.fedhe.maths import LogitStore, logit_loss
 from tests.conftest import InProcessFederation
 
 # Every client holds all ten classes (iid), as in the paper's MNIST/CIFAR-10 runs.

@@ -12,13 +12,13 @@ from flwr.common import (Code, FitRes, Status, ndarrays_to_parameters,
                          parameters_to_ndarrays)
 
 import fedapp.runtime.client_base as client_base
-import strategies.fedkd as fedkd
+import strategies.fedkd.maths as fedkd
 from fedapp.runtime.aggregate import weighted_average
 from fedapp.runtime.payload import (PayloadError, decode, encode, to_ndarrays, validate,
                                     wire_size)
 from fedapp.runtime.two_models import SHARED_STATE_KEY
-from strategies.fedkd import (FedKDSettings, check_factors, codec_spec, compress, decompress,
-                              energy, fedkd_loss, svd_rank)
+from strategies.fedkd import FedKDSettings
+from strategies.fedkd.maths import check_factors, codec_spec, compress, decompress, energy, fedkd_loss, svd_rank
 from tests.conftest import InProcessFederation
 from tests.test_hostile_uploads import small_smoke_overrides
 

@@ -11,7 +11,7 @@ from torch import nn
 from client_models.base import HeteroModel
 from fedapp.config import ConfigError
 from fedapp.runtime.results import Recorder
-from strategies.fedl2g import GRADS, LABELS, meta_gradient
+from strategies.fedl2g.maths import GRADS, LABELS, meta_gradient
 from tests.conftest import InProcessFederation, cfg_of, client_manager, fit_res, make_strategy
 from tests.test_hostile_uploads import small_smoke_overrides
 

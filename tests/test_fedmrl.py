@@ -12,7 +12,7 @@ import fedapp.runtime.client_base as client_base
 from fedapp.config import ConfigError
 from fedapp.runtime.payload import wire_size
 from fedapp.runtime.two_models import MODULE_STATE_KEY
-from strategies.fedmrl import MatryoshkaPredictor, matryoshka_loss
+from strategies.fedmrl.maths import MatryoshkaPredictor, matryoshka_loss
 from tests.conftest import InProcessFederation, cfg_of, client_manager, make_strategy
 from tests.test_hostile_uploads import small_smoke_overrides
 

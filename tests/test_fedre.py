@@ -9,7 +9,7 @@ import torch
 
 from fedapp.runtime.payload import PayloadError, decode
 from fedapp.runtime.results import Recorder
-from strategies.fedre import entangle, soft_label_loss
+from strategies.fedre.maths import entangle, soft_label_loss
 from tests.conftest import InProcessFederation, client_manager, make_strategy
 
 D = 64

@@ -10,8 +10,8 @@ import torch
 from fedapp.runtime.class_stats import class_means
 from fedapp.runtime.results import Recorder
 from fedapp.runtime.strategy_base import ClientInfo, Upload
-from strategies.fedtgp import (FedTGPSettings, TrainableGlobalPrototypes, adaptive_margin,
-                               margin_loss, train_tgp)
+from strategies.fedtgp import FedTGPSettings
+from strategies.fedtgp.maths import TrainableGlobalPrototypes, adaptive_margin, margin_loss, train_tgp
 from tests.conftest import InProcessFederation
 
 D = 64

@@ -14,8 +14,9 @@ from fedapp.runtime.results import Recorder
 from fedapp.runtime.training import one_thread
 from fedapp.seeding import isolated_rng
 from strategies import load_config
-from strategies.felo import FEATURES, LABELS, LOGITS, ClassStore, model_part
-from strategies.velo import CVAE, VeloSettings, generate, train_cvae
+from strategies.felo.maths import FEATURES, LABELS, LOGITS, ClassStore, model_part
+from strategies.velo import VeloSettings
+from strategies.velo.maths import CVAE, generate, train_cvae
 from tests.conftest import InProcessFederation, make_strategy
 
 C = 10

@@ -13,7 +13,8 @@ from fedapp.config import ConfigError
 from fedapp.runtime.payload import decode, wire_size
 from fedapp.runtime.results import Recorder
 from fedapp.runtime.two_models import SHARED_STATE_KEY, kl_to
-from strategies.fml import FMLSettings, mutual_losses
+from strategies.fml import FMLSettings
+from strategies.fml.maths import mutual_losses
 from tests.conftest import InProcessFederation, cfg_of, client_manager, fit_res, make_strategy
 from tests.test_hostile_uploads import small_smoke_overrides
 

@@ -6,7 +6,7 @@ then one client's upload is replaced by each row of ``HOSTILE`` in turn. A row e
 refused — and then the server's state afterwards is exactly what the two honest uploads alone
 give — or must be accepted as the same values in the wire dtypes. Nothing may raise out of
 ``aggregate_fit``, and what the server sends next must be finite float32. A method registered in
-``strategies.METHODS`` is covered without touching this file.
+``strategies/`` (``strategies.METHODS``) is covered without touching this file.
 """
 
 from __future__ import annotations

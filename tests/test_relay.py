@@ -21,7 +21,7 @@ from fedapp.loops.topology import draw, metropolis_weights
 from fedapp.runtime.payload import from_ndarrays, to_ndarrays
 from fedapp.runtime.strategy_base import Encoder
 from strategies import load_config
-from strategies.compfl import CompFL, gossip_mix
+from strategies.compfl.maths import CompFL, gossip_mix
 from tests.test_async import run_async, run_config
 
 SMALL, LARGE = "fedpac-cnn", "fedpac-cnn3"  # clients 0, 2 run the small expert, 1, 3 the large

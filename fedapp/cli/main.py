@@ -46,7 +46,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                           help='a setting as fedapp run takes it (--set method="fedhe")')
     settings.set_defaults(func=run.cmd_settings)
-    sub.add_parser("methods", help="list the methods").set_defaults(func=run.cmd_methods)
+    methods = sub.add_parser("methods", help="list the methods (with --set method-packages="
+                             "\"mypkg\": also your own package's method folders)")
+    methods.add_argument("preset", nargs="?", default=None,
+                         help="a preset name in conf/ or a .toml path")
+    methods.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                         help='a setting as fedapp run takes it (--set method-packages="mypkg")')
+    methods.set_defaults(func=run.cmd_methods)
     sub.add_parser("models", help="list the architectures").set_defaults(func=run.cmd_models)
     deploy.add_parser(sub)
     args = parser.parse_args(argv)

@@ -23,9 +23,10 @@ from typing import Any, Sequence
 
 from fedapp.cli import cluster
 from fedapp.cli.flower import BIN, LocalSuperLink, run_status, stage_app, stream_run
-from fedapp.config import (PROJECT_ROOT, SHARED_KEYS, ConfigError, client_cache_budget,
-                           default_run_name, explicit_layers, format_explicit, parse_override,
-                           pyproject_defaults, read_preset, resolve_preset, toml_value)
+from fedapp.config import (METHOD_SETTINGS_KEY, PROJECT_ROOT, SHARED_KEYS, ConfigError,
+                           client_cache_budget, default_run_name, explicit_layers,
+                           format_explicit, parse_override, pyproject_defaults, read_preset,
+                           resolve_preset, toml_value)
 
 # What needs torch, Flower or numpy (strategies' methods, the data, fedapp.runtime.results) is
 # imported inside the commands that use it: `fedapp settings`, `fedapp methods` and a refused
@@ -101,8 +102,16 @@ def check_run_data(cfg: Any) -> None:
 
 
 def write_run_config(changed: dict[str, Any], path: Path) -> Path:
-    """The overrides as the TOML file ``flwr run --run-config`` reads."""
-    path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in changed.items()))
+    """The overrides as the TOML file ``flwr run --run-config`` reads. Flower refuses a key
+    the app's ``pyproject.toml`` does not have, so the settings of a method given by import
+    path travel as one JSON object in ``method-settings`` (``strategies`` unpacks it)."""
+    app_keys = pyproject_defaults()
+    plain = {k: v for k, v in changed.items() if k in app_keys}
+    packed = {k: v for k, v in changed.items() if k not in app_keys}
+    if packed:
+        packed.update(json.loads(plain.get(METHOD_SETTINGS_KEY) or "{}"))
+        plain[METHOD_SETTINGS_KEY] = json.dumps(packed, sort_keys=True)
+    path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in plain.items()))
     return path
 
 
@@ -338,14 +347,16 @@ LAYER_NAMES = {"set": "--set", "preset": "preset", "config": "run config"}
 
 def cmd_settings(args: argparse.Namespace) -> int:
     """Every setting's effective value for ``[PRESET] [--set ...]`` and where it came from."""
-    from strategies import METHODS, method_keys, settings_report
+    from strategies import known_methods, method_keys, settings_report
     try:
-        report = settings_report(resolve_settings(args.preset, args.set)[0])
+        flat = resolve_settings(args.preset, args.set)[0]
+        report = settings_report(flat)
+        known, fields = known_methods(flat), {**SHARED_KEYS, **method_keys(flat)}
     except (ConfigError, OSError) as exc:
         print(f"fedapp: {exc}", file=sys.stderr)
         return 2
     values, layers = report["settings"], report["layers"]
-    method, fields = values["method"], {**SHARED_KEYS, **method_keys()}
+    method = values["method"]
     print("# effective settings; [where each value comes from]: default, recipe <method> "
           "(docs/recipes.md), preset, --set")
     own = [k for k in values if k not in SHARED_KEYS]
@@ -355,25 +366,31 @@ def cmd_settings(args: argparse.Namespace) -> int:
         print(f"{key} = {toml_value(values[key])}    "
               f"# [{LAYER_NAMES.get(layers[key], layers[key])}] {fields[key].metadata['help']}")
     defaults = pyproject_defaults()
-    for name, m in METHODS.items():
+    for name, m in known.items():
         if name == method or m.settings is None:
             continue
         print(f"\n# {name}'s own settings (used when method = \"{name}\")")
         for key, f in fields.items():
-            if key.startswith(f"{name}."):
+            if key.startswith(f"{name}.") and key.count(".") == name.count(".") + 1:
                 print(f"{key} = {toml_value(defaults.get(key, f.default))}    "
                       f"# {f.metadata['help']}")
     return 0
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    from strategies import METHODS
-    for name, method in METHODS.items():
+    """The methods (with those of the packages ``method-packages`` names) and their loops."""
+    from strategies import known_methods
+    try:
+        known = known_methods(resolve_settings(args.preset, args.set)[0])
+    except (ConfigError, OSError) as exc:
+        print(f"fedapp: {exc}", file=sys.stderr)
+        return 2
+    for name, method in known.items():
         print(f"{name:14s} {method.summary}")
     print("\nserver-loop = \"async\" (no round barrier) runs: "
-          + ", ".join(n for n, m in METHODS.items() if m.asynchronous))
+          + ", ".join(n for n, m in known.items() if m.asynchronous))
     print("server-loop = \"walk\" / \"gossip\" (device to device, the server only relays) runs: "
-          + ", ".join(n for n, m in METHODS.items() if m.decentralised))
+          + ", ".join(n for n, m in known.items() if m.decentralised))
     return 0
 
 

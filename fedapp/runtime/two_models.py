@@ -5,7 +5,8 @@ FML's meme model, FedMRL's small homogeneous model and FedKD's mentee are all th
 each method's module then holds only its loss and what it uploads and downloads. Here:
 
 - the settings every such method has (``<method>.shared-arch``, ``<method>.average``) are
-  ``strategies.settings.SharedModelSettings``, which the run's ``cfg.settings`` derive from;
+  ``fedapp.runtime.two_model_settings.SharedModelSettings``, which the run's ``cfg.settings``
+  derive from;
 - :func:`shared_architecture` / :func:`build_shared_model`: the shared model's architecture
   (default: the smallest of the run's arch mix by parameter count) and its initial weights,
   the same on the server and on every client (seeded by the run's seed alone);

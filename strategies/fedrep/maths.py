@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from fedapp.runtime.training import TrainStats, train_recipe
-from strategies.fedper import FedPer, FedPerClient
+from strategies.fedper.maths import FedPer, FedPerClient
 
 
 class FedRepClient(FedPerClient):

@@ -1,7 +1,7 @@
 """FedAvg (McMahan et al., 2017): average the whole model, weighted by local sample counts.
 
 Only meaningful when every client runs the same architecture; a heterogeneous arch mix is
-refused at configuration time (see ``METHODS['fedavg'].homogeneous_only``). Each round the
+refused at configuration time (its card's ``homogeneous_only``). Each round the
 sampled clients start from the global model, train locally and upload all their weights; the
 server replaces the global model by the n_k-weighted average. Clients are evaluated on their own
 test split with the global model installed, as FedAvg has no personal model.

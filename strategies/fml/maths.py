@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from fedapp.runtime.two_models import SharedModelStrategy, TwoModelClient, kl_to
-from strategies.settings import FMLSettings
+from strategies.fml import FMLSettings
 
 
 def mutual_losses(o_private: torch.Tensor, o_meme: torch.Tensor, y: torch.Tensor,

@@ -54,7 +54,7 @@ from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 from fedapp.runtime.training import train_recipe
 from fedapp.seeding import derive_seed, isolated_rng
-from strategies.settings import FedGenSettings
+from strategies.fedgen import FedGenSettings
 
 HEAD = ("head.weight", "head.bias")
 GENERATOR_PREFIX = "generator."

@@ -38,8 +38,8 @@ import torch.nn.functional as F
 
 from fedapp.runtime.payload import ArraySpec, Payload
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
-from strategies.fedhe import FedHeClient, check_class_logits
-from strategies.settings import FDSettings
+from strategies.fd import FDSettings
+from strategies.fedhe.maths import FedHeClient, check_class_logits
 
 
 def distillation(logits: torch.Tensor, y: torch.Tensor, class_logits: torch.Tensor,

@@ -29,7 +29,7 @@ from fedapp.runtime.client_base import FedClient, load_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 from fedapp.seeding import derive_seed
-from strategies.settings import FedGHSettings
+from strategies.fedgh import FedGHSettings
 
 
 class FedGHClient(FedClient):

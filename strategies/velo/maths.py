@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedapp.seeding import derive_seed, isolated_rng
-from strategies.felo import Felo, FeloClient
-from strategies.settings import VeloSettings
+from strategies.felo.maths import Felo, FeloClient
+from strategies.velo import VeloSettings
 
 
 class CVAE(nn.Module):

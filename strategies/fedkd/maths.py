@@ -55,7 +55,7 @@ from fedapp.runtime.client_base import load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError, validate
 from fedapp.runtime.strategy_base import ClientInfo, Upload
 from fedapp.runtime.two_models import SharedModelStrategy, TwoModelClient, kl_to
-from strategies.settings import FedKDSettings
+from strategies.fedkd import FedKDSettings
 
 VERSION = "fedkd.version"   # a download's [from, to] versions of the global mentee (-1: whole)
 FACTORS = (":U", ":s", ":V")

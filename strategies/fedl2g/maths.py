@@ -49,7 +49,7 @@ from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 from fedapp.runtime.training import TrainStats, train_recipe
 from fedapp.seeding import derive_seed
-from strategies.settings import FedL2GSettings
+from strategies.fedl2g import FedL2GSettings
 
 GUIDE = "guiding-vectors"
 LABELS, GRADS = "labels", "meta-gradients"

@@ -52,8 +52,8 @@ from fedapp.runtime.class_stats import ClassSums, class_target_mse
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
-from strategies.fedhe import logit_loss
-from strategies.settings import FeloSettings
+from strategies.fedhe.maths import logit_loss
+from strategies.felo import FeloSettings
 
 # The per-class tables, up and down. Every other array of a payload is a model weight, named
 # as in the model's state dict (``extractor.0.weight``, ``head.bias``), which never clash.

@@ -33,8 +33,8 @@ from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, Upload
 from fedapp.runtime.training import one_thread
 from fedapp.seeding import derive_seed
-from strategies.fedgh import FedGH, FedGHClient
-from strategies.settings import FedRESettings
+from strategies.fedgh.maths import FedGH, FedGHClient
+from strategies.fedre import FedRESettings
 
 # Honest weights sum to 1 up to float rounding (float16 on the wire included); a client may not
 # scale its soft label, hence its weight in the head's loss, beyond that.

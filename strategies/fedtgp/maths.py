@@ -37,8 +37,8 @@ from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 from fedapp.runtime.training import TrainStats, one_thread
 from fedapp.seeding import derive_seed, isolated_rng
-from strategies.fedproto import FedProtoClient
-from strategies.settings import FedTGPSettings
+from strategies.fedproto.maths import FedProtoClient
+from strategies.fedtgp import FedTGPSettings
 
 
 class TrainableGlobalPrototypes(torch.nn.Module):

@@ -78,8 +78,8 @@ from fedapp.runtime.payload import ArraySpec, Payload, PayloadError, from_ndarra
 from fedapp.runtime.strategy_base import ClientInfo, Upload
 from fedapp.runtime.training import TrainStats, evaluate, recipe_optimizer, train_recipe
 from fedapp.seeding import derive_seed
-from strategies.fedper import PerArchitectureExtractors, arrays_spec, extractor_arrays
-from strategies.settings import CompFLSettings
+from strategies.compfl import CompFLSettings
+from strategies.fedper.maths import PerArchitectureExtractors, arrays_spec, extractor_arrays
 
 HEAD_STATE_KEY = "compfl.head.{arch}"  # a client's private head of a smaller expert
 COPY_STATE_KEY = "compfl.copy.{arch}"  # device to device: its last copy of an expert

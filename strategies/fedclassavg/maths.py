@@ -40,8 +40,8 @@ from fedapp.runtime.client_base import VERSION_KEY
 from fedapp.runtime.payload import Payload
 from fedapp.runtime.training import train_recipe
 from fedapp.seeding import derive_seed
-from strategies.lg_fedavg import LgFedAvg, LgFedAvgClient
-from strategies.settings import PROXIMAL_FORMS
+from strategies.fedclassavg import PROXIMAL_FORMS
+from strategies.lg_fedavg.maths import LgFedAvg, LgFedAvgClient
 
 # The views of ``fedclassavg.views`` (None: the raw images).
 VIEWS = {"simclr": ViewAugment(),

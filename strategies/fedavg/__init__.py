@@ -1,0 +1,12 @@
+"""FedAvg's card: its own settings, its recipe and its entry in the registry, without torch
+(the method itself: ``maths.py``)."""
+
+from __future__ import annotations
+
+from fedapp.runtime.recipes import SGD_HALF
+from strategies import Method
+
+
+METHOD = Method("average the whole model (homogeneous architectures only)",
+                strategy_class="FedAvg", client_class="FedAvgClient", homogeneous_only=True,
+                recipe={**SGD_HALF, "weight-decay": 0.0, "batch-size": 50})

@@ -1,0 +1,43 @@
+"""FedGH's card: its own settings, its recipe and its entry in the registry, without torch
+(the method itself: ``maths.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedapp.config import ConfigError, RunConfig, opt
+from strategies import Method
+
+
+@dataclass(frozen=True)
+class FedGHSettings:
+    """``fedgh.*``: the server's header training (paper: SGD, eta_g = 0.01, one pass)."""
+
+    server_lr: float = opt(0.01, "server header learning rate eta_g", low=0.0, low_open=True)
+    server_epochs: int = opt(1, "passes over the round's LARs per round", low=1)
+    server_batch_size: int = opt(
+        0, "LARs per server step (0 = all LARs of one client per step, as they arrive)", low=0)
+    client_order: str = opt("shuffled", "order in which clients' LARs are consumed: 'shuffled' "
+                            "(seeded, like arrival order), 'partition' (by partition id), or "
+                            "'pooled': every client's LARs shuffled together into batches of "
+                            "server-batch-size (HtFLlib's server DataLoader)",
+                            choices=("shuffled", "partition", "pooled"))
+    server_head_training: bool = opt(
+        True, "train the global header (false = the released code's frozen random header)")
+
+    def check(self, cfg: RunConfig) -> None:
+        if cfg.feature_dim == 0:
+            raise ConfigError("method 'fedgh' needs one representation dimension for every "
+                              "client (the global header is Linear(d, C)): set feature-dim > 0 "
+                              "(the paper uses 500).")
+
+
+METHOD = Method("server trains a global header on clients' per-class averaged "
+                "representations",
+                strategy_class="FedGH", client_class="FedGHClient", shared_dim=True,
+                settings=FedGHSettings,
+                # The heterogeneous script's SGD, new for every client and round; its
+                # 30 epochs of 512 (grid-searched in the paper) are left to presets.
+                recipe={"optimizer": "sgd", "lr": 0.01, "momentum": 0.9,
+                        "weight-decay": 0.001, "grad-clip": 50.0,
+                        "optimizer-state": "fresh"})

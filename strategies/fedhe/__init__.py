@@ -1,0 +1,33 @@
+"""FedHe's card: its own settings, its recipe and its entry in the registry, without torch
+(the method itself: ``maths.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedapp.config import opt
+from strategies import Method
+
+
+@dataclass(frozen=True)
+class FedHeSettings:
+    """``fedhe.*``: the logit loss, the client's per-class averages and the server store."""
+
+    alpha: float = opt(1.0, "weight of the logit loss (paper: 1)", low=0.0)
+    logit_loss: str = opt("mse", "distance to the server's class logits: 'mse' (code) or "
+                          "'kl' (softmax with temperature)", choices=("mse", "kl"))
+    temperature: float = opt(1.0, "KL logit loss: softmax temperature", low=0.0, low_open=True)
+    plus_one: bool = opt(True, "divide logit sums by count + 1 (paper Eq. 8; false = by count)")
+    history: str = opt("all", "server store: 'all' (paper), 'running-mean' (code), "
+                       "'latest-per-client'", choices=("all", "running-mean", "latest-per-client"))
+    collapse_every: int = opt(0, "running-mean: uploads between collapses (0 = 10 x num-clients)",
+                              low=0)
+
+# FedHe's code compiles one Keras Adam per client, kept for the whole run; 3 batches of 50.
+RECIPE = {"optimizer": "adam", "lr": 0.001, "weight-decay": 0.0, "grad-clip": 0.0,
+          "optimizer-state": "keep", "batch-size": 50, "local-steps": 3}
+
+METHOD = Method("per-class average logits up and down; CE + alpha * logit loss "
+                "(any architectures)",
+                strategy_class="FedHe", client_class="FedHeClient", settings=FedHeSettings,
+                asynchronous=True, recipe=RECIPE)

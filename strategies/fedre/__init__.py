@@ -1,0 +1,37 @@
+"""FedRE's card: its own settings, its recipe and its entry in the registry, without torch
+(the method itself: ``maths.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedapp.config import ConfigError, RunConfig, opt
+from fedapp.runtime.recipes import HTFLLIB
+from strategies import Method
+
+
+@dataclass(frozen=True)
+class FedRESettings:
+    """``fedre.*``: the server's head training (the code's -slr 0.01, -hbs 32, one epoch)."""
+
+    server_lr: float = opt(0.01, "server head learning rate (-slr)", low=0.0, low_open=True)
+    server_batch_size: int = opt(32, "entangled representations per server step (-hbs)", low=1)
+    send_head: bool = opt(True, "send the server's head to the clients (false = the HtFLlib "
+                          "variant of the release, which never sends it)")
+    eval_head: str = opt("global", "headline prediction: the local extractor with the server's "
+                         "'global' head, or the client's 'own' head (both are reported)",
+                         choices=("global", "own"))
+
+    def check(self, cfg: RunConfig) -> None:
+        if cfg.feature_dim == 0:
+            raise ConfigError("method 'fedre' needs one representation dimension for every "
+                              "client (the server's head is Linear(d, C)): set feature-dim > 0 "
+                              "(HtFLlib uses 512).")
+
+
+METHOD = Method("one random convex mix of the class prototypes with its soft label up; the "
+                "server trains a global head on the mixes and sends it",
+                strategy_class="FedRE", client_class="FedREClient", shared_dim=True,
+                settings=FedRESettings, asynchronous=True,
+                # The FedRE repository's defaults (main.py: -lr 0.03, -lbs 64).
+                recipe={**HTFLLIB, "lr": 0.03, "batch-size": 64})

@@ -1,0 +1,44 @@
+"""FedTGP's card: its own settings, its recipe and its entry in the registry, without torch
+(the method itself: ``maths.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedapp.config import ConfigError, RunConfig, opt
+from fedapp.runtime.recipes import HTFLLIB
+from strategies import Method
+
+
+@dataclass(frozen=True)
+class FedTGPSettings:
+    """``fedtgp.*`` (HtFLlib's -lam 1, -se 100, -mart 100; the server lr and batch are the
+    clients' -lr and -lbs there)."""
+
+    lam: float = opt(1.0, "weight lambda of the prototype MSE (the scripts use 10)", low=0.0,
+                     key="lambda")
+    eval_rule: str = opt("nearest-prototype", "headline prediction: the 'nearest-prototype' "
+                         "(paper) or the model's own 'head' (both are reported)",
+                         choices=("nearest-prototype", "head"))
+    server_epochs: int = opt(100, "TGP training epochs per round (-se)", low=1)
+    server_lr: float = opt(0.01, "TGP learning rate", low=0.0, low_open=True)
+    server_batch_size: int = opt(10, "(prototype, label) pairs per TGP step", low=1)
+    margin: float = opt(100.0, "upper bound tau of the adaptive margin (-mart)", low=0.0)
+    pre_training_prototypes: bool = opt(
+        False, "code parity: upload the prototypes of the model before the round's training")
+    server_seed: int = opt(
+        -1, "the seed of the server's randomness (the TGP's initial weights, its shuffles); "
+        "-1 = the run's seed. HtFLlib parity: one for every run (its server draws the same in "
+        "every run, whatever the seed)", low=-1)
+
+    def check(self, cfg: RunConfig) -> None:
+        if cfg.feature_dim == 0:
+            raise ConfigError("method 'fedtgp' needs one prototype dimension for every client "
+                              "(the global prototypes are d-dimensional): set feature-dim > 0 "
+                              "(HtFLlib uses 512).")
+
+
+METHOD = Method("FedProto whose server trains the global prototypes (a class-embedding "
+                "network) with an adaptive margin; nearest-prototype inference",
+                strategy_class="FedTGP", client_class="FedTGPClient", shared_dim=True,
+                settings=FedTGPSettings, recipe=HTFLLIB)

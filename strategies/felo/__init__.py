@@ -1,0 +1,51 @@
+"""Felo's card: its own settings, its recipe and its entry in the registry, without torch
+(the method itself: ``maths.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedapp.config import ConfigError, RunConfig, opt
+from strategies import Method
+
+
+@dataclass(frozen=True)
+class FeloSettings:
+    """``felo.*``: the client loss, the local update, the server store and group averaging."""
+
+    alpha: float = opt(0.5, "weight of the feature + logit distillation terms (code: 0.5; "
+                       "the paper gives none)", low=0.0)
+    logit_loss: str = opt("kl", "distance to the server's class logits: 'kl' (paper; server "
+                          "softmax as the target) or 'mse' on raw logits (the authors' code)",
+                          choices=("kl", "mse"))
+    temperature: float = opt(1.0, "KL logit loss: softmax temperature T (loss scaled by T^2)",
+                             low=0.0, low_open=True)
+    warmup_fraction: float = opt(0.05, "first fraction of num-server-rounds trained with CE "
+                                 "only, the server sending no tables (code: 5 % of the "
+                                 "iterations)", low=0.0, high=1.0)
+    group_avg: bool = opt(True, "FedAvg within each architecture group, weighted by n_k "
+                          "(paper Sec. 3.1.2; false = the released code, which skips it)")
+    history: str = opt("fifo", "server store per class: 'fifo' (the last history-size entries "
+                       "ever received) or 'latest-round' (only those of the latest round that "
+                       "brought the class)", choices=("fifo", "latest-round"))
+    history_size: int = opt(50, "entries kept per class by the server store", low=1)
+    eval_model: str = opt("own", "model evaluated: the client's 'own' (after its last local "
+                          "training) or its architecture 'group' average (needs group-avg)",
+                          choices=("own", "group"))
+
+    def check(self, cfg: RunConfig) -> None:
+        if self.eval_model == "group" and not self.group_avg:
+            raise ConfigError(f"setting {cfg.method}.eval-model = 'group' needs "
+                              f"{cfg.method}.group-avg = true: without group averaging there "
+                              "is no group model to evaluate.")
+
+# Felo/Velo's code: one Adam per client with a MultiStepLR (x0.1 at half the run on
+# Fashion-MNIST) kept for the whole run; 10 batches of 50 per update.
+RECIPE = {"optimizer": "adam", "lr": 0.001, "weight-decay": 0.0, "grad-clip": 0.0,
+          "lr-decay-at": "0.5", "lr-decay": 0.1, "optimizer-state": "keep", "batch-size": 50,
+          "local-steps": 10}
+
+METHOD = Method("per-class mean features and logits up, their per-class averages down; "
+                "CE + alpha * (feature MSE + logit KL); same-architecture models averaged",
+                strategy_class="Felo", client_class="FeloClient", shared_dim=True,
+                settings=FeloSettings, recipe=RECIPE)
