@@ -16,10 +16,12 @@ import strategies.fedkd.maths as fedkd
 from fedapp.runtime.aggregate import weighted_average
 from fedapp.runtime.payload import (PayloadError, decode, encode, to_ndarrays, validate,
                                     wire_size)
+from fedapp.runtime.strategy_base import FedStrategy
 from fedapp.runtime.two_models import SHARED_STATE_KEY
 from strategies.fedkd import FedKDSettings
-from strategies.fedkd.maths import check_factors, codec_spec, compress, decompress, energy, fedkd_loss, svd_rank
-from tests.conftest import InProcessFederation
+from strategies.fedkd.maths import (check_factors, codec_spec, compress, compressible,
+                                    decompress, energy, fedkd_loss, svd_rank)
+from tests.conftest import InProcessFederation, client_manager, make_strategy
 from tests.test_hostile_uploads import small_smoke_overrides
 
 
@@ -242,3 +244,46 @@ def test_same_seed_same_run():
     assert all(np.array_equal(a[k], b[k]) for k in a)
     assert {p: m["accuracy"] for p, m in acc_a.items()} == \
         {p: m["accuracy"] for p, m in acc_b.items()}
+
+
+def _round_one(overrides: dict, replies: dict) -> FedStrategy:
+    """A fresh server's round 1 on ``replies`` ({pid: FitRes})."""
+    strategy = make_strategy("fedkd", **overrides)
+    manager, proxies = client_manager(strategy)
+    strategy.configure_fit(1, None, manager)
+    strategy.aggregate_fit(1, [(proxies[pid], res) for pid, res in sorted(replies.items())], [])
+    return strategy
+
+
+@pytest.mark.parametrize("mode", ["update", "weights"])
+def test_factors_within_the_bound_whose_product_is_not_are_refused(mode, caplog):
+    # Every factor at upload-max-abs passes a check of the values as sent, but the server
+    # averages U s V^T: at rank 2 each entry is 2 * 1e4^3 = 2e12. Refused, as reconstructed,
+    # with a reason naming the tensor; the honest client's upload is still aggregated.
+    overrides = {**small_smoke_overrides("fedkd"), "fedkd.compress": mode}
+    replies = {pid: res for pid, (_, res) in
+               InProcessFederation("fedkd", **overrides).fit_round(1).items()}
+    server = make_strategy("fedkd", **overrides)
+    like, bound = server.shared_model, server.cfg.upload_max_abs
+    name = next(k for k, v in like.items() if compressible(v))
+    m, n = like[name].reshape(like[name].shape[0], -1).shape
+    assert min(m, n) >= 2  # rank 2 is a rank the server accepts
+    hostile = {k: v for k, v in decode(replies[1].parameters).items()
+               if k != name and not k.startswith(name + ":")}
+    hostile.update({name + ":U": np.full((m, 2), bound, np.float32),
+                    name + ":s": np.full(2, bound, np.float32),
+                    name + ":V": np.full((2, n), bound, np.float32)})
+    res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(to_ndarrays(hostile)),
+                 replies[1].num_examples, replies[1].metrics)
+    with caplog.at_level("WARNING"):
+        strategy = _round_one(overrides, {0: replies[0], 1: res})
+    assert strategy._counts == {"clients_fit": 1, "failures": 0, "rejected": 1}
+    assert strategy._rejected == [1]
+    assert f"decoded array {name!r} holds values of magnitude up to 2e+12, above " \
+        f"upload-max-abs = {bound:g}" in caplog.text
+    honest_only = _round_one(overrides, {0: replies[0]})
+    assert honest_only._counts["clients_fit"] == 1
+    assert any(not np.array_equal(honest_only.shared_model[k], like[k]) for k in like)
+    assert all(np.array_equal(strategy.shared_model[k], honest_only.shared_model[k])
+               for k in like)
+    assert max(float(np.abs(v).max()) for v in strategy.shared_model.values()) < bound

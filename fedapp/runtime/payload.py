@@ -204,22 +204,31 @@ def load(headers: Mapping[str, Header], max_abs: float = math.inf) -> Payload:
     payload = {}
     for name, header in headers.items():
         flat = _view(header)
-        kind = header.dtype.kind
-        for chunk in _chunks(flat):
-            if kind == "f":
-                with np.errstate(over="ignore", invalid="ignore"):
-                    wide = chunk.astype(np.float64)
-                if not np.all(np.isfinite(wide)):
-                    raise PayloadError(f"array {name!r} holds NaN or infinite values")
-                if wide.size and float(np.abs(wide).max()) > max_abs:
-                    raise PayloadError(f"array {name!r} holds values of magnitude up to "
-                                       f"{float(np.abs(wide).max()):.3g}, above "
-                                       f"upload-max-abs = {max_abs:g}")
-            elif kind in "iu" and chunk.size and (int(chunk.min()) < -MAX_ABS_INT
-                                                  or int(chunk.max()) > MAX_ABS_INT):
-                raise PayloadError(f"array {name!r} holds integers beyond +-2^31")
+        check_values(name, flat, max_abs)
         payload[name] = flat.reshape(header.shape, order="F" if header.fortran_order else "C")
     return payload
+
+
+def check_values(name: str, array: np.ndarray, max_abs: float = math.inf,
+                 what: str = "array") -> None:
+    """Refuse (PayloadError) NaN or infinite values, a float of magnitude above ``max_abs``
+    and an integer beyond +-2^31 in ``array`` (``what`` names it in the message), a slice at a
+    time and a float wider than float32 in float64, so that the check allocates a bounded
+    amount and a value beyond float32's range is caught before any cast."""
+    kind = array.dtype.kind
+    for chunk in _chunks(array.ravel(order="K")):
+        if kind == "f":
+            with np.errstate(over="ignore", invalid="ignore"):
+                wide = chunk.astype(np.float64)
+            if not np.all(np.isfinite(wide)):
+                raise PayloadError(f"{what} {name!r} holds NaN or infinite values")
+            if wide.size and float(np.abs(wide).max()) > max_abs:
+                raise PayloadError(f"{what} {name!r} holds values of magnitude up to "
+                                   f"{float(np.abs(wide).max()):.3g}, above "
+                                   f"upload-max-abs = {max_abs:g}")
+        elif kind in "iu" and chunk.size and (int(chunk.min()) < -MAX_ABS_INT
+                                              or int(chunk.max()) > MAX_ABS_INT):
+            raise PayloadError(f"{what} {name!r} holds integers beyond +-2^31")
 
 
 def to_wire(payload: Mapping[str, np.ndarray]) -> Payload:

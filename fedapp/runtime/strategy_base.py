@@ -14,7 +14,8 @@ and checkpoints (a method's state is whatever it adds to the base). The asynchro
 
 A method overrides :meth:`FedStrategy.fit_payload`, :meth:`FedStrategy.upload_spec` (or
 :meth:`FedStrategy.named_upload_spec` when its array names carry information; optionally
-:meth:`FedStrategy.check_upload`),
+:meth:`FedStrategy.check_upload`, and :meth:`FedStrategy.decode_upload` when its maths consumes
+something other than the arrays as sent),
 :meth:`FedStrategy.aggregate` and, if it sends something for evaluation,
 :meth:`FedStrategy.eval_payload`.
 """
@@ -43,8 +44,8 @@ from fedapp.config import RunConfig
 from fedapp.data import setup
 from fedapp.runtime import checkpoint, timeline
 from fedapp.runtime.payload import (ArraySpec, Payload, PayloadError, WireSize, check_layout,
-                                    encode, float32, load, read_headers, to_wire, validate,
-                                    wire_size)
+                                    check_values, encode, float32, load, read_headers, to_wire,
+                                    validate, wire_size)
 from fedapp.runtime.results import Recorder, format_accuracy, round_record
 from fedapp.runtime.speeds import update_duration
 from fedapp.seeding import derive_seed
@@ -65,7 +66,7 @@ class Upload:
 
     client: ClientInfo
     num_examples: int
-    payload: Payload
+    payload: Payload  # what the method's maths consumes: FedStrategy.decode_upload's arrays
     metrics: Mapping[str, Scalar]
 
 
@@ -256,8 +257,17 @@ class FedStrategy(Strategy):
         validate(payload, self.named_upload_spec(list(payload), client))
         self.check_upload(payload, client)
 
+    def decode_upload(self, payload: Payload, client: ClientInfo) -> Payload:
+        """The arrays the method's maths consumes, from an upload that passed
+        :meth:`validate_upload` (in the wire dtypes); default: the arrays as sent. A method
+        whose upload encodes them (FedKD's SVD factors of an update) decodes them here, once:
+        the base checks what this returns as it checks what was sent (finite, within
+        ``upload-max-abs``) and hands it to :meth:`aggregate` as ``Upload.payload``."""
+        return payload
+
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
-        """The method's server maths on the round's validated uploads."""
+        """The method's server maths on the round's validated uploads (decoded:
+        :meth:`decode_upload`)."""
 
     def eval_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
         """What to send a client before evaluation (default: nothing)."""
@@ -475,7 +485,8 @@ class FedStrategy(Strategy):
     def accept_upload(self, proxy: ClientProxy, res: FitRes, seen: set[int]) -> Upload:
         """The one validation path of every upload, whatever the loop: who sent it (and not
         twice: ``seen`` holds the partitions already heard in this round), its claimed size,
-        its wire dtypes and magnitudes, the method's spec. Raises PayloadError."""
+        its wire dtypes and magnitudes, the method's spec, and the magnitudes of what the
+        method's maths consumes (:meth:`decode_upload`). Raises PayloadError."""
         client = self._identify(proxy, res.metrics)
         if client.partition_id in seen:
             raise PayloadError(f"partition {client.partition_id} already uploaded in this round")
@@ -492,7 +503,14 @@ class FedStrategy(Strategy):
         payload = load(headers, max_abs=self.cfg.upload_max_abs)
         self.validate_upload(payload, client)
         # Only an accepted upload is copied, into the wire dtypes the method's maths sees.
-        return Upload(client, res.num_examples, to_wire(payload), res.metrics)
+        wire = to_wire(payload)
+        used = self.decode_upload(wire, client)
+        if used is not wire:
+            # The bound must hold on what the server computes with, not only on what
+            # travelled: a product of factors within the bound (FedKD's U s V^T) need not be.
+            for name, array in used.items():
+                check_values(name, array, self.cfg.upload_max_abs, what="decoded array")
+        return Upload(client, res.num_examples, used, res.metrics)
 
     def _identify(self, proxy: ClientProxy, metrics: Mapping[str, Scalar]) -> ClientInfo:
         pid, arch = metrics.get("partition-id"), metrics.get("arch")

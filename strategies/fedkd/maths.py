@@ -237,8 +237,9 @@ class FedKDClient(TwoModelClient):
 
 
 class FedKD(SharedModelStrategy):
-    """Keeps the global mentee; averages the reconstructed uploads; sends the compressed
-    average update to clients that hold the previous global mentee, the whole one to others."""
+    """Keeps the global mentee; averages the reconstructed uploads (each reconstructed once,
+    when it is accepted, and bounded as reconstructed); sends the compressed average update to
+    clients that hold the previous global mentee, the whole one to others."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -275,9 +276,14 @@ class FedKD(SharedModelStrategy):
         validate(payload, codec_spec(self.shared_model, payload, codec))
         check_factors(payload, self.shared_model, codec)
 
+    def decode_upload(self, payload: Payload, client: ClientInfo) -> Payload:
+        # The server averages U s V^T, not the factors: the base bounds these, and factors
+        # within upload-max-abs can multiply to far beyond it (r * 1e12 at 1e4 each).
+        return decompress(payload, self.shared_model)
+
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
         s = self.cfg.settings
-        received = [decompress(u.payload, self.shared_model) for u in uploads]
+        received = [u.payload for u in uploads]  # reconstructed once, by decode_upload
         average = weighted_average(received, self.average_weights(uploads))
         # Compressed with this round's energy, as the clients' uploads were.
         self.last_update = compress(average, self.threshold(server_round), s.rank_rule,
