@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (DEFAULT_SEEDS, ROOT, VERDICT_RULE, add_resource_options, cell,
-                    claim_line, mean_std, per_client_accuracies, quick_folder, resource_overrides, run_experiment,
-                    run_parallel, training_caption, write_generated, seeds_option)
+from common import (DEFAULT_SEEDS, ROOT, VERDICT_RULE, add_resource_options, cell, claim_line,
+                    mean_std, per_client_accuracies, quick_folder, resource_overrides,
+                    run_experiment, run_parallel, training_caption, write_generated, seeds_option)
 
 SCRIPT = "reproduce/fedhe_async_fmnist.py"
 EQUAL, SLOW = "fedhe-async-fmnist", "fedhe-async-stragglers-fmnist"

@@ -26,9 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (DEFAULT_SEEDS, ROOT, VERDICT_RULE, add_resource_options, cell,
-                    claim_line, mean_std, per_client_accuracies, plot_panels, quick_folder, resource_overrides,
-                    run_experiment, run_parallel, write_generated, seeds_option)
+from common import (DEFAULT_SEEDS, ROOT, VERDICT_RULE, add_resource_options, cell, claim_line,
+                    mean_std, per_client_accuracies, plot_panels, quick_folder,
+                    resource_overrides, run_experiment, run_parallel, write_generated,
+                    seeds_option)
 
 PRESET = "felo-fmnist"
 SCRIPT = "reproduce/felo_fmnist.py"
