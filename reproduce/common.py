@@ -354,6 +354,39 @@ def paired(mine: Sequence[Mapping[str, Any]], base: Sequence[Mapping[str, Any]],
     return mean_std(metric(x) - metric(y) for x, y in zip(mine, base))
 
 
+# The one rule every script's verdicts follow, said once here and printed, word for word, above
+# every list of verdicts it gives.
+VERDICT_RULE = ("A claim a ≥ b **holds** when the mean over seeds of the seed-by-seed difference "
+                "a − b is above the std over seeds of that difference, **fails** when it is "
+                "below minus that std, and is **level** otherwise: a tie is level, not a win.")
+
+
+def verdict(differences: Sequence[float]) -> str:
+    """'holds', 'level' or 'fails' for a claim a ≥ b, from the seed-by-seed differences a − b
+    (VERDICT_RULE): the mean against the std over seeds (numpy's, as ``paired`` prints it).
+    Paired, because two runs of one seed share the partition and the initial weights: the
+    differences vary less over seeds than either side does. With one seed there is no spread,
+    so only an exact tie is level."""
+    mean, spread = mean_std(differences)
+    return "holds" if mean > spread else "fails" if mean < -spread else "level"
+
+
+def claim_line(a: str, b: str, mine: Sequence[Mapping[str, Any]],
+               base: Sequence[Mapping[str, Any]], metric=mean_client_accuracy) -> str:
+    """``a ≥ b: level (0.9596 vs 0.9596; paired by seed +0.0000 ± 0.0050: +0.0040, ...)``:
+    the verdict of VERDICT_RULE on ``metric`` of runs ``mine`` against ``base``, seed by seed,
+    with both means and every difference it came from."""
+    if len(mine) != len(base):
+        raise ValueError(f"paired runs: {len(mine)} seeds against {len(base)}")
+    diffs = [metric(x) - metric(y) for x, y in zip(mine, base)]
+    mean, spread = mean_std(diffs)
+    mean = round(mean, 12) + 0.0  # differences that cancel print as +0.0000, not -0.0000
+    return (f"{a} ≥ {b}: {verdict(diffs)} ({np.mean([metric(x) for x in mine]):.4f} vs "
+            f"{np.mean([metric(y) for y in base]):.4f}; paired by seed {mean:+.4f} ± "
+            f"{spread:.4f}" + (": " + ", ".join(f"{d:+.4f}" for d in diffs)
+                               if len(diffs) > 1 else "") + ")")
+
+
 def paired_line(results: Mapping[str, Sequence[Mapping[str, Any]]],
                 pairs: Iterable[tuple[str, str]], names: Mapping[str, str] | None = None) -> str:
     """The differences of ``pairs`` of rows (a − b), each run against the run of the same seed,

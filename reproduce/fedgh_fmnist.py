@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (DEFAULT_SEEDS, ROOT, cell, mean_std, per_client_accuracies, plot_panels,
-                    run_experiment, write_generated, seeds_option)
+from common import (DEFAULT_SEEDS, ROOT, VERDICT_RULE, cell, claim_line, mean_std,
+                    per_client_accuracies, plot_panels, run_experiment, write_generated,
+                    seeds_option)
 
 # (label, method, overrides). Every method runs the same local training (the preset's SGD,
 # E = local-epochs passes), so FedHe's update is set to full passes rather than the paper's
@@ -54,15 +55,10 @@ def row(label: str, summaries: list[dict]) -> str:
 
 
 def claims(results: dict[str, list[dict]]) -> list[str]:
-    """The papers' orderings, checked on the means over seeds."""
-    mean = {label: np.mean([np.mean(per_client_accuracies(s)) for s in runs])
-            for label, runs in results.items()}
-    out = []
-    for a, b in [("FedGH", "Standalone"), ("FedGH", "LG-FedAvg"), ("FedHe", "Standalone"),
-                 ("FedGH", "FedProto")]:
-        verdict = "holds" if mean[a] >= mean[b] else "does not hold"
-        out.append(f"{a} ≥ {b}: {verdict} ({mean[a]:.4f} vs {mean[b]:.4f})")
-    return out
+    """The papers' orderings on the local accuracy, each judged by common.VERDICT_RULE."""
+    return [claim_line(a, b, results[a], results[b])
+            for a, b in [("FedGH", "Standalone"), ("FedGH", "LG-FedAvg"),
+                         ("FedHe", "Standalone"), ("FedGH", "FedProto")]]
 
 
 def main() -> None:
@@ -107,7 +103,8 @@ def main() -> None:
         seeds_option(args.seeds)) + (
         "" if args.rounds is None else f" --rounds {args.rounds}")
     write_generated(args.doc, SCRIPT, "\n\n".join([
-        f"Produced by `{command}`.", *tables, f"![accuracy per round]({plot.name})"]))
+        f"Produced by `{command}`.", VERDICT_RULE, *tables,
+        f"![accuracy per round]({plot.name})"]))
     print(f"[reproduce] wrote {args.doc} and {plot}")
 
 

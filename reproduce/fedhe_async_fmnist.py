@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (DEFAULT_SEEDS, ROOT, add_resource_options, cell, mean_std,
-                    per_client_accuracies, quick_folder, resource_overrides, run_experiment,
-                    run_parallel, training_caption, write_generated, seeds_option)
+from common import (DEFAULT_SEEDS, ROOT, VERDICT_RULE, add_resource_options, cell, claim_line,
+                    mean_std, per_client_accuracies, quick_folder, resource_overrides,
+                    run_experiment, run_parallel, training_caption, write_generated, seeds_option)
 
 SCRIPT = "reproduce/fedhe_async_fmnist.py"
 EQUAL, SLOW = "fedhe-async-fmnist", "fedhe-async-stragglers-fmnist"
@@ -103,26 +103,15 @@ def row(label: str, runs: list[dict]) -> str:
             f"{f'{np.mean(staleness):.1f}' if staleness else '0'} |")
 
 
-def verdict(a: list[float], b: list[float]) -> str:
-    """'holds' (a's mean ≥ b's), 'within the seed spread' (below by less than the larger std
-    over seeds) or 'does not hold'."""
-    gap, spread = np.mean(a) - np.mean(b), max(np.std(a), np.std(b))
-    return "holds" if gap >= 0 else ("within the seed spread" if -gap <= spread
-                                     else "does not hold")
-
-
 def claims(results: dict[str, list[dict]]) -> list[str]:
-    acc = {label: [global_mean(s) for s in runs] for label, runs in results.items()}
-    out = []
-    for fedhe in ("FedHe synchronous", "FedHe asynchronous"):
-        a, b = acc[fedhe], acc[PRIVATE]
-        out.append(f"{fedhe} ≥ Private (paper): {verdict(a, b)} ({np.mean(a):.4f} vs "
-                   f"{np.mean(b):.4f}, a difference of {np.mean(a) - np.mean(b):+.4f}; seed "
-                   f"std {np.std(a):.4f} and {np.std(b):.4f}; seed by seed "
-                   + ", ".join(f"{x - y:+.4f}" for x, y in zip(a, b)) + ")")
-    a, b = acc["FedHe asynchronous"], acc["FedHe synchronous"]
-    out.append(f"asynchronous as good as synchronous at the same number of updates: "
-               f"{verdict(a, b)} ({np.mean(a):.4f} vs {np.mean(b):.4f})")
+    """The paper's ordering and the asynchronous loop's, on the global-test accuracy, each
+    judged by common.VERDICT_RULE; then the straggler runs' virtual time."""
+    out = [claim_line(fedhe, "Private (paper)", results[fedhe], results[PRIVATE], global_mean)
+           for fedhe in ("FedHe synchronous", "FedHe asynchronous")]
+    # The asynchronous loop is as good as the synchronous one when this is level or holds.
+    out.append(claim_line("FedHe asynchronous", "FedHe synchronous at the same number of "
+                          "updates", results["FedHe asynchronous"],
+                          results["FedHe synchronous"], global_mean))
     slow = [label for label in results if "slower" in label and "arrival" not in label]
     if len(slow) == 2:
         sync, asyn = (np.mean([s["virtual_seconds"] for s in results[label]])
@@ -235,7 +224,8 @@ def main() -> None:
         " --arrival" if args.arrival else "")
     caption = (f"Every run, Private included, trains each client the same way: "
                f"{training_caption(EQUAL)}; a synchronous round is one update of every client.")
-    write_generated(doc, SCRIPT, "\n\n".join([f"Produced by `{command}`.", caption, *tables,
+    write_generated(doc, SCRIPT, "\n\n".join([f"Produced by `{command}`.", caption,
+                                              VERDICT_RULE, *tables,
                                               f"![accuracy per update and per virtual second]"
                                               f"({image.name})"]))
     print(f"[reproduce] wrote {doc} and {image}")

@@ -26,9 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common import (DEFAULT_SEEDS, ROOT, add_resource_options, cell, mean_std, paired,
-                    per_client_accuracies, plot_panels, quick_folder, resource_overrides,
-                    run_experiment, run_parallel, write_generated, seeds_option)
+from common import (DEFAULT_SEEDS, ROOT, VERDICT_RULE, add_resource_options, cell, claim_line,
+                    mean_std, per_client_accuracies, plot_panels, quick_folder,
+                    resource_overrides, run_experiment, run_parallel, write_generated,
+                    seeds_option)
 
 PRESET = "felo-fmnist"
 SCRIPT = "reproduce/felo_fmnist.py"
@@ -71,20 +72,9 @@ def row(label: str, summaries: list[dict]) -> str:
 
 
 def claims(results: dict[str, list[dict]], pairs: list[tuple[str, str]]) -> list[str]:
-    """The paper's orderings, checked on the global-test means over seeds, with the difference
-    paired by seed (mean ± std over seeds) where there are several."""
-    mean = {label: np.mean([global_accuracy(s) for s in runs]) for label, runs in results.items()}
-    lines = []
-    for a, b in pairs:
-        if a not in mean or b not in mean:
-            continue
-        line = (f"{a} ≥ {b}: {'holds' if mean[a] >= mean[b] else 'does not hold'} "
-                f"({mean[a]:.4f} vs {mean[b]:.4f}")
-        if len(results[a]) > 1:
-            line += "; paired by seed {:+.4f} ± {:.4f}".format(
-                *paired(results[a], results[b], global_accuracy))
-        lines.append(line + ")")
-    return lines
+    """The paper's orderings on the global-test accuracy, each judged by common.VERDICT_RULE."""
+    return [claim_line(a, b, results[a], results[b], global_accuracy)
+            for a, b in pairs if a in results and b in results]
 
 
 def table(title: str, results: dict[str, list[dict]], seeds: list[int],
@@ -158,7 +148,8 @@ def main() -> None:
         seeds_option(args.seeds)) + (
         "" if args.rounds is None else f" --rounds {args.rounds}")
     write_generated(doc, SCRIPT, "\n\n".join([
-        f"Produced by `{command}`.", *tables, f"![accuracy per round]({plot.name})"]))
+        f"Produced by `{command}`.", VERDICT_RULE, *tables,
+        f"![accuracy per round]({plot.name})"]))
     print(f"[reproduce] wrote {doc} and {plot}")
 
 

@@ -148,3 +148,37 @@ class InProcessFederation:
             results.append((proxy, EvaluateRes(Status(Code.OK, ""), loss, n, m)))
         self.strategy.aggregate_evaluate(rnd, results, [])
         return metrics
+
+
+def two_feature_model(num_classes, head=None):
+    """A model whose representation is its input: x [B, 1, 1, 2] -> z = (x1, x2), with the
+    head ``head`` ({"weight": [C, 2], "bias": [C]}; default all zero, so its logits tie and
+    it predicts class 0 everywhere). An evaluation on it can be worked out by hand."""
+    import torch
+    from client_models.base import HeteroModel
+    model = HeteroModel("two-features", "two-features", (1, 1, 2), torch.nn.Flatten(), 2,
+                        num_classes)
+    with torch.no_grad():
+        model.head.weight.zero_()
+        model.head.bias.zero_()
+        for name, value in (head or {}).items():
+            getattr(model.head, name).copy_(torch.as_tensor(value, dtype=torch.float32))
+    return model
+
+
+def evaluate_on(fed, model, points, labels, payload, pid=0):
+    """Client ``pid``'s own ``evaluate`` of what the server sent for evaluation (``payload``),
+    with ``model`` and the test set (``points`` [n, 2], ``labels``) in place of its CNN and
+    shard; its metrics."""
+    import torch
+    from fedapp.data.partitions import ClientData
+    from fedapp.runtime import client_base
+    x = torch.as_tensor(np.asarray(points, np.float32)).reshape(-1, 1, 1, 2)
+    y = torch.as_tensor(labels, dtype=torch.int64)
+    client = fed.client(pid)
+    client.__dict__.update(model=model, _version=0, global_test=None,
+                           data=ClientData(x[:0], y[:0], x[:0], y[:0], x, y))
+    try:
+        return client.evaluate(to_ndarrays(payload), {"server-round": 1})[2]
+    finally:  # the client keeps its evaluated model for the next message: not this one
+        client_base._MODEL_CACHE.pop((fed.contexts[pid].run_id, fed.cfg, pid), None)

@@ -13,7 +13,9 @@ from fedapp.runtime.class_stats import ClassSums
 from fedapp.runtime.results import Recorder
 from fedapp.seeding import derive_seed
 from strategies.compfl import CompFLSettings
-from strategies.compfl.maths import HEAD_STATE_KEY, AdaptedExpert, alignment_loss, compfl_loss, ensemble_target, expert_weights, kd_loss, pack, prototype_head_init, select_expert, unpack
+from strategies.compfl.maths import (HEAD_STATE_KEY, AdaptedExpert, alignment_loss, compfl_loss,
+                                     ensemble_target, expert_weights, kd_loss, pack,
+                                     prototype_head_init, select_expert, unpack)
 from tests.conftest import InProcessFederation, client_manager, fit_res, make_strategy
 
 SMALL, LARGE = "fedpac-cnn", "fedpac-cnn3"

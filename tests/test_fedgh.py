@@ -14,7 +14,7 @@ from fedapp.runtime.results import Recorder
 from strategies import load_config
 from strategies.fedgh import FedGHSettings
 from strategies.fedgh.maths import train_header
-from tests.conftest import InProcessFederation
+from tests.conftest import InProcessFederation, evaluate_on, two_feature_model
 
 # Paper shapes: d = 500, C = 10, two classes per client (FedGH Table 3, CIFAR-10 column).
 PAPER = dict(dataset="synthetic", synthetic_train=600, synthetic_test=200, num_clients=3,
@@ -110,6 +110,25 @@ def test_evaluation_reports_local_and_global_header_accuracy():
     metrics = fed.evaluate_round(1)
     for m in metrics.values():
         assert 0 <= m["accuracy"] <= 1 and 0 <= m["accuracy-global-header"] <= 1
+
+
+def test_global_header_accuracy_by_hand():
+    # Representations z = x (two_feature_model); the client's own header is all zero (class 0
+    # everywhere), the global one scores class 0 by z1, class 1 by z2, class 2 by -(z1 + z2),
+    # and every other class -5.
+    fed = InProcessFederation("fedgh", **PAPER)
+    c = fed.client(0).num_classes
+    weight = np.zeros((c, 2), np.float32)
+    weight[:3] = [[1, 0], [0, 1], [-1, -1]]
+    bias = np.full(c, -5, np.float32)
+    bias[:3] = 0
+    model = two_feature_model(c)
+    points, labels = [(2, 1), (1, 3), (3, 2), (-1, -2)], [0, 1, 1, 2]
+    # Global header: 0 (2 > 1 > -3), 1 (3 > 1), 0 (3 > 2: wrong), 2 (3 > -1 > -2): 3 of 4.
+    m = evaluate_on(fed, model, points, labels, {"head.weight": weight, "head.bias": bias})
+    assert m["accuracy-global-header"] == pytest.approx(3 / 4)
+    assert m["accuracy"] == pytest.approx(1 / 4)  # the own header: class 0 for all
+    assert not model.head.weight.any() and not model.head.bias.any()  # left as it was
 
 
 @pytest.mark.parametrize("bad,reason", [

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from fedapp.runtime.payload import decode
 from fedapp.runtime.results import Recorder
-from tests.conftest import InProcessFederation
+from tests.conftest import InProcessFederation, evaluate_on, two_feature_model
 
 PAPER = dict(dataset="synthetic", synthetic_train=600, synthetic_test=200, num_clients=3,
              partition="pathological", classes_per_client=2, max_samples_per_client=0,
@@ -62,6 +62,23 @@ def test_nearest_prototype_rule_as_headline():
     for m in fed.evaluate_round(1).values():
         assert 0 <= m["accuracy"] <= 1 and 0 <= m["accuracy-own-head"] <= 1
         assert "accuracy-nearest-prototype" not in m
+
+
+def test_nearest_prototype_accuracy_by_hand():
+    # Global prototypes of classes 0-3 only; representations z = x (two_feature_model), whose
+    # own head predicts class 0 everywhere.
+    fed = InProcessFederation("fedproto", **PAPER, **{"fedproto.eval-rule": "nearest-prototype"})
+    prototypes = {"class-0": [4, 0], "class-1": [0, 4], "class-2": [4, 4], "class-3": [2, 9]}
+    points = [(3, 0), (0, 3), (4, 3), (2.5, 2.5), (0.4, 0.6), (4, 7)]
+    labels = [0, 1, 2, 0, 1, 3]
+    # Nearest (Euclidean): 0, 1, 2 (each 1.0 away); 2 (2.12 against 2.92 to classes 0 and 1);
+    # 1 (3.42 against 3.65 to class 0; the classes without a prototype do not count, though
+    # their empty rows, at the origin, are 0.72 away); 3 (2.83 against 3.00 to class 2, which
+    # the L1 distance would choose): 5 of 6 right.
+    m = evaluate_on(fed, two_feature_model(fed.client(0).num_classes), points, labels,
+                    {k: np.array(v, np.float32) for k, v in prototypes.items()})
+    assert m["accuracy"] == pytest.approx(5 / 6)
+    assert m["accuracy-own-head"] == pytest.approx(2 / 6)  # class 0 for all: the two zeros
 
 
 @pytest.mark.parametrize("bad,reason", [

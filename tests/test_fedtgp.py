@@ -11,8 +11,9 @@ from fedapp.runtime.class_stats import class_means
 from fedapp.runtime.results import Recorder
 from fedapp.runtime.strategy_base import ClientInfo, Upload
 from strategies.fedtgp import FedTGPSettings
-from strategies.fedtgp.maths import TrainableGlobalPrototypes, adaptive_margin, margin_loss, train_tgp
-from tests.conftest import InProcessFederation
+from strategies.fedtgp.maths import (TrainableGlobalPrototypes, adaptive_margin, margin_loss,
+                                     train_tgp)
+from tests.conftest import InProcessFederation, evaluate_on, two_feature_model
 
 D = 64
 SMALL = dict(dataset="synthetic", synthetic_train=450, synthetic_test=90, num_clients=3,
@@ -122,6 +123,27 @@ def test_the_headline_is_the_nearest_global_prototype():
     client.receive_for_evaluation(payload)
     assert client.evaluation_variants(client.data.test_x, client.data.test_y)[
         "nearest-prototype"] == metrics[0]["accuracy"]
+
+
+@pytest.mark.parametrize("rule", ["nearest-prototype", "head"])
+def test_the_headline_by_hand(rule):
+    # Every class's global prototype (classes 3-9 far away); representations z = x
+    # (two_feature_model), whose own head predicts class 0 everywhere.
+    chosen = {} if rule == "nearest-prototype" else {"fedtgp.eval-rule": rule}  # the default
+    fed = InProcessFederation("fedtgp", **SMALL, **chosen)
+    c = fed.client(0).num_classes
+    prototypes = np.array([[4, 0], [0, 4], [4, 4]] + [[100 + k, 100] for k in range(3, c)],
+                          np.float32)
+    points, labels = [(3, 0), (0, 3), (4, 3), (2.5, 2.5)], [0, 1, 2, 0]
+    # Nearest: 0, 1, 2 (each 1.0 away), 2 (2.12 against 2.92 to classes 0 and 1): 3 of 4.
+    m = evaluate_on(fed, two_feature_model(c), points, labels, {"prototypes": prototypes})
+    nearest, own_head = 3 / 4, 2 / 4  # the own head: class 0 for all
+    if rule == "nearest-prototype":
+        assert m["accuracy"] == pytest.approx(nearest)
+        assert m["accuracy-own-head"] == pytest.approx(own_head)
+    else:
+        assert m["accuracy"] == pytest.approx(own_head)
+        assert m["accuracy-nearest-prototype"] == pytest.approx(nearest)
 
 
 @pytest.mark.parametrize("method, key", [("fedtgp", "prototypes"), ("fedgh", "representations")])
