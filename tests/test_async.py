@@ -276,6 +276,7 @@ def test_fedapp_methods_says_which_methods_run_without_a_barrier(capsys):
     assert main(["methods"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in METHODS)
-    assert 'server-loop = "async" (no round barrier) runs: standalone, fedhe' in out
+    assert 'server-loop = "async" (no round barrier) runs: fd, fedhe, fedre, standalone\n' \
+        in out
     assert 'server-loop = "walk" / "gossip" (device to device, the server only relays) runs: ' \
         'compfl' in out
