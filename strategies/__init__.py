@@ -46,6 +46,9 @@ class Method:
     homogeneous_only: bool = False  # every client must run the same architecture
     shared_dim: bool = False        # d-sized vectors (head, representations, prototypes) are
                                     # exchanged, so every extractor must output the same d
+    server_d: str = ""              # why the server builds d-sized things of its own (e.g.
+                                    # "the global header is Linear(d, C)"): d must be set,
+                                    # feature-dim > 0, even with one architecture
     settings: type | None = None    # frozen dataclass of the method's own ``<method>.*`` keys
     asynchronous: bool = False      # its server folds in one upload at a time, so it can run
                                     # without a round barrier (server-loop = "async")
@@ -241,6 +244,11 @@ def load_config(flat: Mapping[str, Any]) -> RunConfig:
             f"method {cfg.method!r} exchanges d-dimensional vectors (heads, representations or "
             "prototypes), so every extractor must output the same dimension: set feature-dim "
             "> 0 (got 0 = each model's own) or use one architecture.")
+    if method.server_d and cfg.feature_dim == 0:
+        hint = method.recipe.get("feature-dim", SHARED_KEYS["feature-dim"].default)
+        raise ConfigError(
+            f"method {cfg.method!r} needs one representation dimension d for every client "
+            f"({method.server_d}): set feature-dim > 0 (e.g. {hint}).")
     if cfg.server_loop == "async" and not method.asynchronous:
         raise ConfigError(
             f"setting server-loop = 'async' is invalid for method {cfg.method!r}: its server "

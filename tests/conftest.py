@@ -182,3 +182,14 @@ def evaluate_on(fed, model, points, labels, payload, pid=0):
         return client.evaluate(to_ndarrays(payload), {"server-round": 1})[2]
     finally:  # the client keeps its evaluated model for the next message: not this one
         client_base._MODEL_CACHE.pop((fed.contexts[pid].run_id, fed.cfg, pid), None)
+
+
+def recorded_federation(tmp_path, method, rounds=2, **overrides):
+    """(an InProcessFederation of ``method``, the Recorder its server writes ``rounds`` rounds
+    to under ``tmp_path``): for tests that read a run's traffic and accuracies as recorded."""
+    from fedapp.runtime.results import Recorder
+    recorder = Recorder(tmp_path / "run", method=method,
+                        dataset=overrides.get("dataset", "synthetic"),
+                        num_clients=overrides.get("num_clients", 3), num_rounds=rounds,
+                        config={}, partition={})
+    return InProcessFederation(method, recorder=recorder, **overrides), recorder

@@ -42,3 +42,21 @@ def test_same_seed_same_run_another_seed_another_run(method):
     first = _run(method, seed=3)
     assert _same(first, _run(method, seed=3))
     assert not _same(first[:1], _run(method, seed=4, rounds=1))  # differs from round 1 on
+
+
+@pytest.mark.parametrize("method,rounds", [("fml", 2), ("fedmrl", 2), ("fedkd", 3)])
+def test_a_shared_model_is_the_same_for_the_same_seed(method, rounds):
+    # The two-model methods' server state after a few rounds of partial participation (the
+    # sample drawn from the seed), and the accuracies it leads to.
+    from fedapp.runtime import client_base
+
+    def run():
+        client_base._MODEL_CACHE.clear()
+        fed = InProcessFederation(method, **small_smoke_overrides(method), fraction_fit=0.6)
+        for rnd in range(1, rounds + 1):
+            fed.fit_round(rnd)
+        return fed.strategy.shared_model, fed.evaluate_round(rounds)
+    (a, acc_a), (b, acc_b) = run(), run()
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert {p: m["accuracy"] for p, m in acc_a.items()} == \
+        {p: m["accuracy"] for p, m in acc_b.items()}

@@ -9,9 +9,9 @@ import torch
 
 from fedapp.config import ConfigError
 from fedapp.runtime.payload import decode
-from fedapp.runtime.results import Recorder
 from strategies.fd.maths import distillation
-from tests.conftest import InProcessFederation, cfg_of, client_manager, fit_res, make_strategy
+from tests.conftest import (InProcessFederation, cfg_of, client_manager, fit_res, make_strategy,
+                            recorded_federation)
 
 # Every client holds all ten classes (iid), so every upload has C rows.
 SMALL = dict(dataset="synthetic", synthetic_train=450, synthetic_test=90, num_clients=3,
@@ -20,9 +20,7 @@ SMALL = dict(dataset="synthetic", synthetic_train=450, synthetic_test=90, num_cl
 
 
 def test_c_times_c_plus_one_numbers_each_way_from_the_encoded_payloads(tmp_path):
-    recorder = Recorder(tmp_path / "run", method="fd", dataset="synthetic", num_clients=3,
-                        num_rounds=2, config={}, partition={})
-    fed = InProcessFederation("fd", recorder=recorder, **SMALL)
+    fed, recorder = recorded_federation(tmp_path, "fd", **SMALL)
     for rnd in (1, 2):
         fed.fit_round(rnd)
         fed.evaluate_round(rnd)

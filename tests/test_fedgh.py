@@ -10,11 +10,10 @@ from fedapp.config import ConfigError
 from flwr.common import parameters_to_ndarrays
 
 from fedapp.runtime.payload import from_ndarrays
-from fedapp.runtime.results import Recorder
 from strategies import load_config
 from strategies.fedgh import FedGHSettings
 from strategies.fedgh.maths import train_header
-from tests.conftest import InProcessFederation, evaluate_on, two_feature_model
+from tests.conftest import InProcessFederation, evaluate_on, recorded_federation, two_feature_model
 
 # Paper shapes: d = 500, C = 10, two classes per client (FedGH Table 3, CIFAR-10 column).
 PAPER = dict(dataset="synthetic", synthetic_train=600, synthetic_test=200, num_clients=3,
@@ -23,9 +22,7 @@ PAPER = dict(dataset="synthetic", synthetic_train=600, synthetic_test=200, num_c
 
 
 def test_paper_traffic_1002_up_5010_down_from_the_encoded_payloads(tmp_path):
-    recorder = Recorder(tmp_path / "run", method="fedgh", dataset="synthetic", num_clients=3,
-                        num_rounds=2, config={}, partition={})
-    fed = InProcessFederation("fedgh", recorder=recorder, num_server_rounds=2, **PAPER)
+    fed, recorder = recorded_federation(tmp_path, "fedgh", num_server_rounds=2, **PAPER)
     for rnd in (1, 2):
         fed.fit_round(rnd)
         fed.evaluate_round(rnd)

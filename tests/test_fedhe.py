@@ -7,9 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from fedapp.runtime.payload import decode
-from fedapp.runtime.results import Recorder
 from strategies.fedhe.maths import LogitStore, logit_loss
-from tests.conftest import InProcessFederation
+from tests.conftest import InProcessFederation, recorded_federation
 
 # Every client holds all ten classes (iid), as in the paper's MNIST/CIFAR-10 runs.
 SMALL = dict(dataset="synthetic", synthetic_train=450, synthetic_test=90, num_clients=3,
@@ -18,10 +17,8 @@ SMALL = dict(dataset="synthetic", synthetic_train=450, synthetic_test=90, num_cl
 
 
 def test_110_numbers_each_way_from_the_encoded_payloads(tmp_path):
-    recorder = Recorder(tmp_path / "run", method="fedhe", dataset="synthetic", num_clients=3,
-                        num_rounds=2, config={}, partition={})
-    fed = InProcessFederation("fedhe", recorder=recorder, **SMALL,
-                              local_steps=0)  # a full pass sees every class
+    fed, recorder = recorded_federation(tmp_path, "fedhe", **SMALL,
+                                        local_steps=0)  # a full pass sees every class
     for rnd in (1, 2):
         fed.fit_round(rnd)
         fed.evaluate_round(rnd)

@@ -233,18 +233,6 @@ def test_htfllibs_weights_mode_sends_the_compressed_mentee_itself(rule, codec):
     assert all(np.allclose(sent[k], expected[k], atol=1e-6) for k in expected)
 
 
-def test_same_seed_same_run():
-    def run():
-        client_base._MODEL_CACHE.clear()
-        fed = InProcessFederation("fedkd", **small_smoke_overrides("fedkd"), fraction_fit=0.6)
-        for rnd in (1, 2, 3):
-            fed.fit_round(rnd)
-        return fed.strategy.shared_model, fed.evaluate_round(3)
-    (a, acc_a), (b, acc_b) = run(), run()
-    assert all(np.array_equal(a[k], b[k]) for k in a)
-    assert {p: m["accuracy"] for p, m in acc_a.items()} == \
-        {p: m["accuracy"] for p, m in acc_b.items()}
-
 
 def _round_one(overrides: dict, replies: dict) -> FedStrategy:
     """A fresh server's round 1 on ``replies`` ({pid: FitRes})."""

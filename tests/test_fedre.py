@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from fedapp.runtime.payload import PayloadError, decode
-from fedapp.runtime.results import Recorder
 from strategies.fedre.maths import entangle, soft_label_loss
-from tests.conftest import InProcessFederation, client_manager, make_strategy
+from tests.conftest import InProcessFederation, client_manager, make_strategy, recorded_federation
 
 D = 64
 SMALL = dict(dataset="synthetic", synthetic_train=450, synthetic_test=90, num_clients=3,
@@ -19,9 +18,7 @@ SMALL = dict(dataset="synthetic", synthetic_train=450, synthetic_test=90, num_cl
 
 
 def test_one_mix_up_and_the_head_down_from_the_encoded_payloads(tmp_path):
-    recorder = Recorder(tmp_path / "run", method="fedre", dataset="synthetic", num_clients=3,
-                        num_rounds=2, config={}, partition={})
-    fed = InProcessFederation("fedre", recorder=recorder, **SMALL)
+    fed, recorder = recorded_federation(tmp_path, "fedre", **SMALL)
     for rnd in (1, 2):
         fed.fit_round(rnd)
         fed.evaluate_round(rnd)

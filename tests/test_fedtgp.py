@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from fedapp.runtime.class_stats import class_means
-from fedapp.runtime.results import Recorder
 from fedapp.runtime.strategy_base import ClientInfo, Upload
 from strategies.fedtgp import FedTGPSettings
 from strategies.fedtgp.maths import (TrainableGlobalPrototypes, adaptive_margin, margin_loss,
                                      train_tgp)
-from tests.conftest import InProcessFederation, evaluate_on, two_feature_model
+from tests.conftest import InProcessFederation, evaluate_on, recorded_federation, two_feature_model
 
 D = 64
 SMALL = dict(dataset="synthetic", synthetic_train=450, synthetic_test=90, num_clients=3,
@@ -22,9 +21,7 @@ SMALL = dict(dataset="synthetic", synthetic_train=450, synthetic_test=90, num_cl
 
 
 def test_prototypes_up_and_every_class_down_from_the_encoded_payloads(tmp_path):
-    recorder = Recorder(tmp_path / "run", method="fedtgp", dataset="synthetic", num_clients=3,
-                        num_rounds=2, config={}, partition={})
-    fed = InProcessFederation("fedtgp", recorder=recorder, **SMALL)
+    fed, recorder = recorded_federation(tmp_path, "fedtgp", **SMALL)
     for rnd in (1, 2):
         fed.fit_round(rnd)
         fed.evaluate_round(rnd)

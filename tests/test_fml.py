@@ -111,15 +111,3 @@ def test_both_models_and_their_optimizers_live_in_the_clients_state():
     assert any(not np.array_equal(upload[k], seen[1][0][k]) for k in upload)
     assert sent.keys() == upload.keys()
 
-
-def test_same_seed_same_run():
-    def run():
-        client_base._MODEL_CACHE.clear()
-        fed = InProcessFederation("fml", **small_smoke_overrides("fml"), fraction_fit=0.6)
-        for rnd in (1, 2):
-            fed.fit_round(rnd)
-        return fed.strategy.shared_model, fed.evaluate_round(2)
-    (a, acc_a), (b, acc_b) = run(), run()
-    assert all(np.array_equal(a[k], b[k]) for k in a)
-    assert {p: m["accuracy"] for p, m in acc_a.items()} == \
-        {p: m["accuracy"] for p, m in acc_b.items()}

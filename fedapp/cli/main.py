@@ -39,20 +39,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     compare.add_argument("runs", nargs="+", help="run folders (each with a summary.json)")
     compare.add_argument("--output", default="compare.png", help="plot path")
     compare.set_defaults(func=run.cmd_compare)
-    settings = sub.add_parser("settings", help="every setting's effective value and where it "
-                              "comes from (default, the method's recipe, a preset, --set)")
-    settings.add_argument("preset", nargs="?", default=None,
-                          help="a preset name in conf/ or a .toml path")
-    settings.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                          help='a setting as fedapp run takes it (--set method="fedhe")')
-    settings.set_defaults(func=run.cmd_settings)
-    methods = sub.add_parser("methods", help="list the methods (with --set method-packages="
-                             "\"mypkg\": also your own package's method folders)")
-    methods.add_argument("preset", nargs="?", default=None,
-                         help="a preset name in conf/ or a .toml path")
-    methods.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                         help='a setting as fedapp run takes it (--set method-packages="mypkg")')
-    methods.set_defaults(func=run.cmd_methods)
+    for name, func, what, example in [
+            ("settings", run.cmd_settings, "every setting's effective value and where it comes "
+             "from (default, the method's recipe, a preset, --set)", 'method="fedhe"'),
+            ("methods", run.cmd_methods, "list the methods (with --set method-packages=\"mypkg\": "
+             "also your own package's method folders)", 'method-packages="mypkg"')]:
+        command = sub.add_parser(name, help=what)
+        command.add_argument("preset", nargs="?", default=None,
+                             help="a preset name in conf/ or a .toml path")
+        command.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                             help=f"a setting as fedapp run takes it (--set {example})")
+        command.set_defaults(func=func)
     sub.add_parser("models", help="list the architectures").set_defaults(func=run.cmd_models)
     deploy.add_parser(sub)
     args = parser.parse_args(argv)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config import ConfigError, RunConfig, opt
+from fedapp.config import opt
 from strategies import Method
 
 
@@ -25,16 +25,11 @@ class FedGHSettings:
     server_head_training: bool = opt(
         True, "train the global header (false = the released code's frozen random header)")
 
-    def check(self, cfg: RunConfig) -> None:
-        if cfg.feature_dim == 0:
-            raise ConfigError("method 'fedgh' needs one representation dimension for every "
-                              "client (the global header is Linear(d, C)): set feature-dim > 0 "
-                              "(the paper uses 500).")
-
 
 METHOD = Method("server trains a global header on clients' per-class averaged "
                 "representations",
                 strategy_class="FedGH", client_class="FedGHClient", shared_dim=True,
+                server_d="the global header is Linear(d, C)",
                 settings=FedGHSettings,
                 # The heterogeneous script's SGD, new for every client and round; its
                 # 30 epochs of 512 (grid-searched in the paper) are left to presets.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config import ConfigError, RunConfig, opt
+from fedapp.config import opt
 from fedapp.runtime.recipes import HTFLLIB
 from strategies import Method
 
@@ -22,16 +22,11 @@ class FedRESettings:
                          "'global' head, or the client's 'own' head (both are reported)",
                          choices=("global", "own"))
 
-    def check(self, cfg: RunConfig) -> None:
-        if cfg.feature_dim == 0:
-            raise ConfigError("method 'fedre' needs one representation dimension for every "
-                              "client (the server's head is Linear(d, C)): set feature-dim > 0 "
-                              "(HtFLlib uses 512).")
-
 
 METHOD = Method("one random convex mix of the class prototypes with its soft label up; the "
                 "server trains a global head on the mixes and sends it",
                 strategy_class="FedRE", client_class="FedREClient", shared_dim=True,
+                server_d="the server's head is Linear(d, C)",
                 settings=FedRESettings, asynchronous=True,
                 # The FedRE repository's defaults (main.py: -lr 0.03, -lbs 64).
                 recipe={**HTFLLIB, "lr": 0.03, "batch-size": 64})

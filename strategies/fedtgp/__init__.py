@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config import ConfigError, RunConfig, opt
+from fedapp.config import opt
 from fedapp.runtime.recipes import HTFLLIB
 from strategies import Method
 
@@ -31,14 +31,9 @@ class FedTGPSettings:
         "-1 = the run's seed. HtFLlib parity: one for every run (its server draws the same in "
         "every run, whatever the seed)", low=-1)
 
-    def check(self, cfg: RunConfig) -> None:
-        if cfg.feature_dim == 0:
-            raise ConfigError("method 'fedtgp' needs one prototype dimension for every client "
-                              "(the global prototypes are d-dimensional): set feature-dim > 0 "
-                              "(HtFLlib uses 512).")
-
 
 METHOD = Method("FedProto whose server trains the global prototypes (a class-embedding "
                 "network) with an adaptive margin; nearest-prototype inference",
                 strategy_class="FedTGP", client_class="FedTGPClient", shared_dim=True,
+                server_d="the global prototypes are d-dimensional",
                 settings=FedTGPSettings, recipe=HTFLLIB)
