@@ -90,6 +90,14 @@ def _folders(package: str, path: Iterable[str]) -> dict[str, Method]:
             if info.ispkg}
 
 
+def public_labels(cfg: RunConfig) -> bool:
+    """Whether the run's method may read the public set's labels: ``public-labels``, where
+    ``"method"`` is what the method's paper does (its card's ``public_labels``)."""
+    if cfg.public_labels != "method":
+        return cfg.public_labels == "labelled"
+    return get_method(cfg.method).public_labels
+
+
 # The built-in methods, by name (the folder's, ``-`` for ``_``).
 METHODS: dict[str, Method] = {name.replace("_", "-"): card
                               for name, card in _folders(__name__, __path__).items()}
@@ -269,10 +277,3 @@ def load_config(flat: Mapping[str, Any]) -> RunConfig:
         check(cfg)  # the method's cross-setting rules; raises ConfigError
     return cfg
 
-
-def public_labels(cfg: RunConfig) -> bool:
-    """Whether the run's method may read the public set's labels: ``public-labels``, where
-    ``"method"`` is what the method's paper does (its card's ``public_labels``)."""
-    if cfg.public_labels != "method":
-        return cfg.public_labels == "labelled"
-    return get_method(cfg.method).public_labels
