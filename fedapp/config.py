@@ -97,6 +97,25 @@ class RunConfig:
     synthetic_classes: int = _opt(10, "synthetic number of classes", low=2)
     synthetic_train: int = _opt(2000, "synthetic training samples", low=1)
     synthetic_test: int = _opt(500, "synthetic test samples", low=1)
+    # -- a public set, for the methods that distil on shared data (FedMD): held by every party,
+    #    messages name its samples by index (docs/data.md, "A public set")
+    public_source: str = _opt(
+        "none", "where the public set comes from: 'none'; 'train-holdout' (a seeded, "
+        "stratified public-fraction of the training split, cut before partitioning, so no "
+        "client trains or tests on it); 'digits' (scikit-learn's bundled 8x8 digits upsampled "
+        "to 28x28, for 1x28x28 private data; needs scikit-learn); 'npz' (your own file, "
+        "public-file)", choices=("none", "train-holdout", "digits", "npz"))
+    public_fraction: float = _opt(
+        0.1, "train-holdout: share of the training split that becomes the public set, in "
+        "(0, 1) (the FedHe and Felo papers' FedMD: about 10%)", low=0.0, high=1.0,
+        low_open=True)
+    public_file: str = _opt(
+        "", "npz: absolute path of an .npz file with x (N, C, H, W) or (N, H, W), float or "
+        "uint8, and optionally y (N,) integer labels")
+    public_labels: str = _opt(
+        "method", "whether a method may read the public set's labels: 'method' = as its "
+        "paper does (`fedapp methods` says which), 'labelled' or 'unlabelled'",
+        choices=("method", "labelled", "unlabelled"))
     # -- partition
     partition: str = _opt("dirichlet", "how the training set is split over clients ('files': "
                           "as a federation's per-client files say)", choices=(
@@ -512,6 +531,21 @@ def _check_cross_field(cfg: RunConfig) -> None:
                           f"{cfg.partition!r} do not fit: a federation of per-client files "
                           "(dataset = 'federation') is partitioned by its files (partition = "
                           "'files'), and only it.")
+    if cfg.public_fraction >= 1:
+        raise ConfigError(f"setting public-fraction = {cfg.public_fraction} is invalid: "
+                          "expected a share of the training split in (0, 1); the rest is "
+                          "what the clients train on.")
+    if (cfg.public_source == "npz") != bool(cfg.public_file):
+        raise ConfigError(f"settings public-source = {cfg.public_source!r} and public-file = "
+                          f"{cfg.public_file!r} do not fit: public-file names the public set's "
+                          ".npz file, for public-source = 'npz' and only it.")
+    if cfg.public_file and not Path(cfg.public_file).is_absolute():
+        raise ConfigError(f"setting public-file = {cfg.public_file!r} is invalid: it must be "
+                          "an absolute path (Flower runs the app from another directory).")
+    if cfg.public_source == "train-holdout" and cfg.dataset == "federation":
+        raise ConfigError("setting public-source = 'train-holdout' is invalid with dataset = "
+                          "'federation': its per-client files are the partition already; "
+                          "use public-source = 'npz' (or 'digits').")
     if cfg.dataset in ("npz", "imagefolder", "federation") and not cfg.data_dir:
         raise ConfigError(f"setting data-dir is empty: dataset = {cfg.dataset!r} reads a "
                           "folder of your files (layouts in docs/data.md).")

@@ -58,6 +58,12 @@ class Method:
     # replace the global defaults when the run leaves them unset (docs/recipes.md says where
     # each value comes from). Empty: the global defaults are the method's recipe.
     recipe: Mapping[str, Any] = field(default_factory=dict)
+    # A public set every party holds (``public-source``): whether the method cannot run
+    # without one, and whether its paper reads the public labels (what ``public-labels =
+    # "method"`` gives it). A settings class may add ``public_per_round(cfg)``, the samples
+    # it draws from the set per round, which the data set-up checks the set against.
+    needs_public: bool = False
+    public_labels: bool = False
     package: str = ""               # the card's package (set by the registry)
 
     # The two halves: the method's maths (torch) is imported on first use.
@@ -85,6 +91,14 @@ def _folders(package: str, path: Iterable[str]) -> dict[str, Method]:
     return {info.name: _card(f"{package}.{info.name}")
             for info in sorted(pkgutil.iter_modules(list(path)), key=lambda i: i.name)
             if info.ispkg}
+
+
+def public_labels(cfg: RunConfig) -> bool:
+    """Whether the run's method may read the public set's labels: ``public-labels``, where
+    ``"method"`` is what the method's paper does (its card's ``public_labels``)."""
+    if cfg.public_labels != "method":
+        return cfg.public_labels == "labelled"
+    return get_method(cfg.method).public_labels
 
 
 # The built-in methods, by name (the folder's, ``-`` for ``_``).
@@ -260,7 +274,14 @@ def load_config(flat: Mapping[str, Any]) -> RunConfig:
             "device-to-device loops pass models from client to client, which only methods "
             "whose models are per-architecture experts can do: "
             + ", ".join(n for n, m in known.items() if m.decentralised) + ".")
+    if method.needs_public and cfg.public_source == "none":
+        raise ConfigError(
+            f"method {cfg.method!r} needs a public set that every party holds, but "
+            "public-source = 'none': set public-source = 'train-holdout' (a share of the "
+            "training split, cut before partitioning), 'digits' or 'npz' (docs/data.md, "
+            "\"A public set\").")
     check = getattr(cfg.settings, "check", None)
     if check is not None:
         check(cfg)  # the method's cross-setting rules; raises ConfigError
     return cfg
+

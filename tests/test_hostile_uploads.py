@@ -37,10 +37,13 @@ HOSTILE_PID = 2  # the smoke preset has three clients; 0 and 1 stay honest
 
 def smoke_overrides(method: str) -> dict:
     """The smoke preset (what `fedapp run conf/smoke.toml --set method=...` runs), as keyword
-    overrides; a method that averages whole models gets one architecture."""
+    overrides; a method that averages whole models gets one architecture, one that needs a
+    public set gets a train-holdout one."""
     flat = read_preset(CONF_DIR / "smoke.toml")
     if METHODS[method].homogeneous_only:
         flat["arch-mix"] = "cnn5"
+    if METHODS[method].needs_public:  # a method that distils on a public set gets one
+        flat["public-source"] = "train-holdout"
     return {k.replace("-", "_"): v for k, v in flat.items()}
 
 
@@ -140,7 +143,7 @@ def _giant_shape_claim(blobs):
 
 
 def _names_only_duplicated(payload, n):
-    if not payload:
+    if len(payload) < 2:  # one array (FedMD's logits) has one name: nothing to duplicate
         return None
     arrays = to_ndarrays(payload)
     names = list(payload)

@@ -161,7 +161,8 @@ def test_every_recipe_gives_valid_values_of_recipe_keys_only():
     for name, method in METHODS.items():
         assert set(method.recipe) <= set(RECIPE_KEYS), name
         cfg = load_config({"method": name, "arch-mix": "cnn5" if method.homogeneous_only
-                           else "cnn1,cnn2"})
+                           else "cnn1,cnn2",
+                           "public-source": "train-holdout" if method.needs_public else "none"})
         for key, value in method.recipe.items():
             assert getattr(cfg, SHARED_KEYS[key].name) == value, (name, key)
 

@@ -391,6 +391,11 @@ def cmd_methods(args: argparse.Namespace) -> int:
           + ", ".join(n for n, m in known.items() if m.asynchronous))
     print("server-loop = \"walk\" / \"gossip\" (device to device, the server only relays) runs: "
           + ", ".join(n for n, m in known.items() if m.decentralised))
+    needs = [f"{n} ({'labelled' if m.public_labels else 'unlabelled'})"
+             for n, m in known.items() if m.needs_public]
+    if needs:
+        print("needs a public set (public-source; public-labels = \"method\" gives): "
+              + ", ".join(needs))
     return 0
 
 

@@ -7,21 +7,56 @@ can check the whole federation (data present, architectures compatible) before a
 
 from __future__ import annotations
 
+import functools
+
 from client_models import HeteroModel, assign_architectures, build_model
 from fedapp.config import RunConfig
 from fedapp.data.datasets import TensorData, load_dataset
 from fedapp.data.files import FILE_DATASETS, load_file_dataset
 from fedapp.data.partitions import Partition, PartitionError, PartitionSpec, get_partition
+from fedapp.data.public import (PublicSet, PublicSetError, check_public, digits_public,
+                                holdout_public, npz_public, private_part)
 from fedapp.seeding import derive_seed, isolated_rng
 
 
 def dataset(cfg: RunConfig) -> TensorData:
-    """The run's dataset, loaded once per process (both loaders cache)."""
+    """The run's private dataset, loaded once per process (both loaders cache): with
+    ``public-source = "train-holdout"`` the training split without the public rows, so that
+    every partition is cut from what remains (``fedapp.data.public``)."""
+    data = loaded_dataset(cfg)
+    if cfg.public_source == "train-holdout":
+        return private_part(data, cfg.public_fraction, cfg.seed)
+    return data
+
+
+def loaded_dataset(cfg: RunConfig) -> TensorData:
+    """The dataset as loaded, before any public set is cut from it."""
     if cfg.dataset in FILE_DATASETS:  # a user's own files (fedapp.data.files)
         return load_file_dataset(cfg.dataset, cfg.data_dir, cfg.image_size)
     return load_dataset(cfg.dataset, cfg.data_dir, cfg.download, seed=cfg.seed,
                         synthetic_shape=cfg.shape, synthetic_classes=cfg.synthetic_classes,
                         synthetic_train=cfg.synthetic_train, synthetic_test=cfg.synthetic_test)
+
+
+def public_set(cfg: RunConfig, labels: bool = True) -> PublicSet:
+    """The run's public set (``public-source``), the same in every process that loads it;
+    ``labels = False`` leaves its labels out (a method that may not read them, see
+    ``strategies.public_labels``)."""
+    if cfg.public_source == "none":
+        raise PublicSetError("this run has no public set: set public-source (docs/data.md, "
+                             "\"A public set\")")
+    if cfg.public_source == "train-holdout":
+        public = holdout_public(loaded_dataset(cfg), cfg.public_fraction, cfg.seed)
+    elif cfg.public_source == "digits":
+        public = digits_public()
+    else:
+        public = npz_public(cfg.public_file)
+    return public if labels else _unlabelled(public)
+
+
+@functools.lru_cache(maxsize=4)
+def _unlabelled(public: PublicSet) -> PublicSet:
+    return public.without_labels()  # one object per public set, as the labelled one
 
 
 def partition_spec(cfg: RunConfig) -> PartitionSpec:
@@ -78,11 +113,24 @@ def prepare(cfg: RunConfig) -> tuple[TensorData, Partition]:
     from client_models import ModelConfigError
 
     from fedapp.config import ConfigError
-    data = dataset(cfg)
+    try:
+        data = dataset(cfg)
+    except PublicSetError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         split = partition(cfg)
     except PartitionError as exc:
         raise ConfigError(f"the partition settings do not fit {cfg.dataset}: {exc}") from None
+    if cfg.public_source != "none":
+        # A method's card says how many public samples it draws per round and whether it
+        # reads their labels (strategies.load_config puts both in cfg.settings' reach).
+        needed = getattr(cfg.settings, "public_per_round", lambda cfg: 1)(cfg)
+        reads_labels = getattr(cfg.settings, "reads_public_labels", lambda cfg: False)(cfg)
+        try:
+            check_public(public_set(cfg, labels=reads_labels), data.input_shape,
+                         data.num_classes, needed)
+        except PublicSetError as exc:
+            raise ConfigError(str(exc)) from None
     for arch in sorted(set(cfg.architectures)):
         try:
             new_model(cfg, arch, data.input_shape, data.num_classes, "check")
