@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config import ConfigError, RunConfig, opt
+from fedapp.config import ConfigError, RunConfig, UploadLayout, opt
 from fedapp.runtime.recipes import HTFLLIB
 from strategies import Method
 
@@ -41,4 +41,6 @@ class FedTGPSettings:
 METHOD = Method("FedProto whose server trains the global prototypes (a class-embedding "
                 "network) with an adaptive margin; nearest-prototype inference",
                 strategy_class="FedTGP", client_class="FedTGPClient", shared_dim=True,
-                settings=FedTGPSettings, recipe=HTFLLIB)
+                settings=FedTGPSettings, recipe=HTFLLIB,
+                payload_kinds=("class-rows", "server-training"),
+                upload_layout=UploadLayout(labels="labels", rows=("prototypes",)))
