@@ -63,6 +63,46 @@ def _opt(default: Any, help: str, *, choices: tuple | None = None, low: float | 
 opt = _opt  # for the methods' own settings classes (see ``parse_settings``)
 
 
+# Attacks a simulation can make its malicious clients run (fedapp.runtime.attacks).
+ATTACKS = ("none", "label-flip", "sign-flip", "scale", "noise", "targeted", "collude")
+# Robust aggregation rules, and which kinds of payload each applies to: a method's card names
+# the kinds its server aggregates (``Method.payload_kinds``), and a rule that fits none of
+# them is refused before the run (``strategies.load_config``).
+ROBUST_RULES = ("none", "median", "trimmed-mean", "krum", "multi-krum", "geomed", "norm-bound")
+MODEL_RULES = ROBUST_RULES[1:]
+PAYLOAD_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
+    # kind: (the rules that apply, why the others do not)
+    "model": (MODEL_RULES, ""),
+    "group-model": (MODEL_RULES, ""),
+    "class-rows": (("median", "trimmed-mean", "geomed"),
+                   "per-class rows (prototypes, logits) are combined per class over the "
+                   "clients that hold the class, a handful under label skew, so only "
+                   "coordinate-wise and geometric medians apply; Krum and norm bounding need "
+                   "whole uploads of one shape and a current state to measure them against"),
+    "server-training": ((), "the server trains a model of its own on the individual uploaded "
+                        "pairs or heads (no average to make robust); filtering outlying "
+                        "pairs is not implemented"),
+}
+
+
+@dataclass(frozen=True)
+class UploadLayout:
+    """Where a method's upload holds one row per class, for what acts on every method's upload
+    alike (the attacks of ``fedapp.runtime.attacks``). A card declares it
+    (``Method.upload_layout``); the default says: no per-class rows, nothing tied."""
+
+    labels: str = ""               # int array [S]: the class of each row of ``rows``
+    rows: tuple[str, ...] = ()     # float arrays [S, ...] whose row i is of class labels[i]
+    logits: tuple[str, ...] = ()   # those of ``rows`` whose columns are the classes
+    class_in_name: str = ""        # or: one array per class, this regex's group 1 its class
+    fixed: tuple[str, ...] = ()    # arrays a constraint ties (FedRE's mix weights sum to 1):
+                                   # value attacks leave them as they are
+
+    @property
+    def per_class(self) -> bool:
+        return bool(self.rows or self.class_in_name)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Shared settings of one run. Field ``foo_bar`` is the run-config key ``foo-bar``."""
@@ -251,6 +291,44 @@ class RunConfig:
         0.0, "probability that a client stalls fault-stall-seconds before training, per "
         "client and round", low=0.0, high=1.0)
     fault_stall_seconds: float = _opt(60.0, "how long a stalled client stalls", low=0.0)
+    # -- attacks on purpose, for robustness studies (simulation; fedapp.runtime.attacks): a
+    #    fixed set of malicious clients, drawn from the seed, changes what it uploads
+    attack: str = _opt(
+        "none", "what the malicious clients do: 'label-flip' trains on labels y -> C-1-y; "
+        "'sign-flip' uploads r - (x - r) and 'scale' r + attack-scale (x - r) for every float "
+        "array x of the upload, r being the array of that name the client received (else 0); "
+        "'noise' adds N(0, attack-noise-std^2); 'targeted' makes every class's row of a "
+        "per-class upload (prototypes, logits) point at class attack-target; 'collude': every "
+        "malicious client sends the same crafted upload, r + attack-noise-std N(0, 1) drawn "
+        "from (seed, round). Attacked values are clipped to upload-max-abs, so they pass the "
+        "server's checks", choices=ATTACKS)
+    malicious_fraction: float = _opt(
+        0.0, "share of the clients that attack, drawn once from the seed (rounded to the "
+        "nearest whole client)", low=0.0, high=1.0)
+    malicious_clients: str = _opt(
+        "", "the partition ids that attack, comma-separated (instead of malicious-fraction)")
+    attack_scale: float = _opt(10.0, "attack = 'scale': the factor on each update", low=0.0)
+    attack_noise_std: float = _opt(
+        1.0, "attack = 'noise' / 'collude': standard deviation of the noise", low=0.0)
+    attack_target: int = _opt(0, "attack = 'targeted': the class every row is pushed to",
+                              low=0)
+    # -- Byzantine-robust aggregation (fedapp.runtime.aggregate; which method takes which rule:
+    #    docs/robustness.md)
+    robust_aggregation: str = _opt(
+        "none", "how the server combines uploads: 'none' = each method's own average; "
+        "'median' / 'trimmed-mean' coordinate-wise (Yin et al. 2018), per class for per-class "
+        "rows; 'krum' / 'multi-krum' (Blanchard et al. 2017); 'geomed' = geometric median "
+        "(Pillutla et al. 2022); 'norm-bound' = each upload's distance to the current state "
+        "clipped to robust-norm-bound before the average", choices=ROBUST_RULES)
+    robust_trim_fraction: float = _opt(
+        0.1, "trimmed-mean: share of the values cut at each end of every coordinate (< 0.5)",
+        low=0.0, high=0.5)
+    robust_krum_f: int = _opt(
+        1, "krum / multi-krum: how many malicious uploads to tolerate (f); Krum needs more "
+        "than 2f + 2 uploads, multi-krum averages the n - f best", low=0)
+    robust_norm_bound: float = _opt(
+        0.0, "norm-bound: the largest L2 distance of an upload to the current state (> 0 "
+        "with norm-bound)", low=0.0)
     # -- the server loop: synchronous rounds, no barrier at all (methods whose server takes
     #    one upload at a time), or device-to-device training that the server only relays (see
     #    `fedapp methods`). The async-* settings serve every loop but 'rounds'.
@@ -314,6 +392,8 @@ class RunConfig:
         "tensorboard/ (needs the tensorboard extra: pip install -e '.[tensorboard]')")
     # -- the chosen method's own settings (``<method>.<key>``), parsed by ``strategies``
     settings: Any = field(default=None, metadata={"internal": True})
+    # -- the chosen method's upload layout (its card's ``upload_layout``), set by ``strategies``
+    upload_layout: "UploadLayout" = field(default=None, metadata={"internal": True})
 
     # ----------------------------------------------------------------------------------------
     @property
@@ -343,6 +423,19 @@ class RunConfig:
                 raise ValueError(f"partition {pid} bound twice")
             owners[int(pid)] = node.strip()
         return owners
+
+    @property
+    def malicious_ids(self) -> list[int]:
+        """``malicious-clients`` as a list of partition ids (validated by parse_run_config)."""
+        return [int(t) for t in self.malicious_clients.split(",") if t.strip()]
+
+    @property
+    def num_malicious(self) -> int:
+        """How many clients attack: those named, or malicious-fraction of num-clients rounded
+        half up (0.25 of 10 clients: 3)."""
+        if self.malicious_clients:
+            return len(self.malicious_ids)
+        return math.floor(self.malicious_fraction * self.num_clients + 0.5)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -585,6 +678,32 @@ def _check_cross_field(cfg: RunConfig) -> None:
     if cfg.walk_forward >= 1:
         raise ConfigError(f"setting walk-forward = {cfg.walk_forward} is invalid: a walk whose "
                           "holders never train would never finish; use a value below 1.")
+    try:
+        ids = cfg.malicious_ids
+        if any(not 0 <= p < cfg.num_clients for p in ids) or len(set(ids)) != len(ids):
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"setting malicious-clients = {cfg.malicious_clients!r} is invalid: "
+                          "expected partition ids in [0, num-clients), each once, "
+                          "comma-separated, e.g. '0,3'.") from None
+    if cfg.malicious_clients and cfg.malicious_fraction:
+        raise ConfigError("settings malicious-clients and malicious-fraction are both set: "
+                          "name the attackers or draw a share of them, not both.")
+    attackers = cfg.num_malicious > 0
+    if cfg.attack != "none" and not attackers:
+        raise ConfigError(f"setting attack = {cfg.attack!r} has no client to run it: set "
+                          "malicious-fraction (at least half a client of num-clients) or "
+                          "malicious-clients.")
+    if cfg.attack == "none" and attackers:
+        raise ConfigError("malicious clients are set but attack = 'none': choose an attack "
+                          "(`fedapp settings` lists them) or leave the malicious clients out.")
+    if cfg.robust_trim_fraction >= 0.5:
+        raise ConfigError(f"setting robust-trim-fraction = {cfg.robust_trim_fraction} is "
+                          "invalid: cutting half of the values at each end leaves none; use "
+                          "a value below 0.5.")
+    if cfg.robust_aggregation == "norm-bound" and cfg.robust_norm_bound <= 0:
+        raise ConfigError("setting robust-aggregation = 'norm-bound' needs robust-norm-bound "
+                          "> 0: the largest distance an upload may have to the current state.")
     if cfg.output_dir and not Path(cfg.output_dir).is_absolute():
         raise ConfigError(f"setting output-dir = {cfg.output_dir!r} is invalid: it must be an "
                           "absolute path (Flower runs the app from another directory).")

@@ -27,9 +27,10 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from fedapp.config import (METHOD_SETTINGS_KEY, RECIPE_KEYS, SHARED_KEYS, ConfigError,
-                           RunConfig, explicit_layers, parse_run_config, parse_settings,
-                           resolve_layers, settings_keys, toml_value)
+from fedapp.config import (METHOD_SETTINGS_KEY, PAYLOAD_KINDS, RECIPE_KEYS, SHARED_KEYS,
+                           ConfigError, RunConfig, UploadLayout, explicit_layers,
+                           parse_run_config, parse_settings, resolve_layers, settings_keys,
+                           toml_value)
 
 if TYPE_CHECKING:
     from fedapp.runtime.client_base import FedClient
@@ -64,6 +65,12 @@ class Method:
     # it draws from the set per round, which the data set-up checks the set against.
     needs_public: bool = False
     public_labels: bool = False
+    # What its server combines across clients, by kind (fedapp.config.PAYLOAD_KINDS: "model",
+    # "group-model", "class-rows", "server-training"): which robust-aggregation rules apply.
+    payload_kinds: tuple[str, ...] = ()
+    # Where its upload holds per-class rows (and which arrays a constraint ties): what the
+    # attacks, the same for every method, need to know of its upload.
+    upload_layout: UploadLayout = UploadLayout()
     package: str = ""               # the card's package (set by the registry)
 
     # The two halves: the method's maths (torch) is imported on first use.
@@ -240,8 +247,9 @@ def load_config(flat: Mapping[str, Any]) -> RunConfig:
     cfg = parse_run_config(flat, method_keys=method_keys(flat))
     sections = {name: parse_settings(m.settings, flat, name)
                 for name, m in known.items() if m.settings is not None}
-    cfg = dataclasses.replace(cfg, settings=sections.get(cfg.method))
     method = known[cfg.method]
+    cfg = dataclasses.replace(cfg, settings=sections.get(cfg.method),
+                              upload_layout=method.upload_layout)
     from fedapp.data.setup import architectures  # models import torch; keep this module light
     try:
         archs = architectures(cfg)
@@ -280,8 +288,52 @@ def load_config(flat: Mapping[str, Any]) -> RunConfig:
             "public-source = 'none': set public-source = 'train-holdout' (a share of the "
             "training split, cut before partitioning), 'digits' or 'npz' (docs/data.md, "
             "\"A public set\").")
+    check_attack_and_rule(cfg, method, archs)
     check = getattr(cfg.settings, "check", None)
     if check is not None:
         check(cfg)  # the method's cross-setting rules; raises ConfigError
     return cfg
 
+
+def check_attack_and_rule(cfg: RunConfig, method: Method, archs: list[str]) -> None:
+    """One rule for every method, from its card: the robust rule must apply to every kind of
+    payload its server combines (``payload_kinds``), and a targeted attack needs per-class
+    rows (``upload_layout``). Raises ConfigError naming the method and the reason."""
+    if cfg.attack == "targeted" and not method.upload_layout.per_class:
+        raise ConfigError(
+            f"setting attack = 'targeted' is invalid for method {cfg.method!r}: it poisons "
+            "per-class rows (prototypes, logits), and this method's upload has none. Methods "
+            "whose uploads do: " + ", ".join(n for n, m in known_methods().items()
+                                              if m.upload_layout.per_class) + ".")
+    rule = cfg.robust_aggregation
+    if rule == "none":
+        return
+    if cfg.server_loop in ("walk", "gossip"):
+        raise ConfigError(f"setting robust-aggregation = {rule!r} is invalid with server-loop "
+                          f"= {cfg.server_loop!r}: the server only relays models from device "
+                          "to device and combines nothing.")
+    if not method.payload_kinds:
+        raise ConfigError(f"setting robust-aggregation = {rule!r} is invalid for method "
+                          f"{cfg.method!r}: its server combines no uploads.")
+    for kind in method.payload_kinds:
+        rules, why = PAYLOAD_KINDS[kind]
+        if rule not in rules:
+            raise ConfigError(
+                f"setting robust-aggregation = {rule!r} is invalid for method {cfg.method!r}: "
+                f"its server combines {kind} payloads, and {why or 'the rule does not apply'}"
+                + (f" (rules that do: {', '.join(rules)})." if rules else "."))
+    if rule in ("krum", "multi-krum"):
+        # Blanchard et al.'s condition n > 2f + 2, on the clients that can meet in one average:
+        # all of them, or those of one architecture where each has its own model.
+        need = 2 * cfg.robust_krum_f + 2
+        groups = ({a: archs.count(a) for a in sorted(set(archs))}
+                  if "group-model" in method.payload_kinds else {"all": len(archs)})
+        small = {g: n for g, n in groups.items() if n <= need}
+        if small:
+            raise ConfigError(
+                f"setting robust-aggregation = {rule!r} is invalid for method {cfg.method!r} "
+                f"with robust-krum-f = {cfg.robust_krum_f}: Krum needs more than {need} "
+                "uploads in each average, and "
+                + ", ".join(f"{g} has {n} clients" for g, n in small.items())
+                + "; use fewer tolerated attackers, more clients, or 'median' / "
+                "'trimmed-mean', which need no minimum.")

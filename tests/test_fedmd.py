@@ -12,7 +12,7 @@ from fedapp.data import setup
 from fedapp.runtime.client_base import OPTIMIZER_STATE_KEY
 from fedapp.runtime.payload import decode
 from strategies.fedmd import maths
-from strategies.fedmd.maths import PRETRAINED_KEY, alignment_set, consensus, digest_loss
+from strategies.fedmd.maths import PRETRAINED_KEY, alignment_set, digest_loss
 from tests.conftest import InProcessFederation, cfg_of, client_manager, fit_res, make_strategy
 from tests.test_hostile_uploads import small_smoke_overrides
 
@@ -20,7 +20,6 @@ SMALL = small_smoke_overrides("fedmd")  # 180 synthetic samples: 18 public, A_t 
 
 
 def test_the_consensus_of_1_3_and_3_1_is_2_2():
-    assert consensus([np.array([[1.0, 3.0]]), np.array([[3.0, 1.0]])]).tolist() == [[2.0, 2.0]]
     # Through the server's one validation path, from two clients' replies (C = 2, m = 1).
     strategy = make_strategy("fedmd", num_classes=2, **{**SMALL, "fedmd.alignment-size": 1})
     manager, proxies = client_manager(strategy)

@@ -382,7 +382,8 @@ class AsyncLoop:
                                         "failed_clients", "rejected_clients")}
             counts.update(evaluated=sorted(e.results), updates=e.updates,
                           virtual_time=e.virtual_time, virtual_seconds=w["virtual_seconds"],
-                          train_loss=float(np.mean(w["losses"])) if w["losses"] else None)
+                          train_loss=float(np.mean(w["losses"])) if w["losses"] else None,
+                          **self.strategy.attack_record(evals))
             client_seconds = w["client_seconds"] + sum(
                 finite_number(r.get("eval-seconds", 0.0), low=0.0) or 0.0 for r in evals)
             record = round_record(e.index, evals, traffic, counts, w["seconds"], client_seconds)

@@ -1,10 +1,14 @@
-"""Framework-free aggregation maths shared by several methods."""
+"""Aggregation maths shared by several methods: weighted averages and their Byzantine-robust
+replacements (``robust-aggregation``)."""
 
 from __future__ import annotations
 
-from typing import Hashable, Mapping, Sequence, TypeVar
+from dataclasses import dataclass
+from logging import WARNING
+from typing import Any, Hashable, Mapping, Sequence, TypeVar
 
 import numpy as np
+from flwr.common.logger import log
 
 from fedapp.runtime.payload import Payload
 
@@ -45,3 +49,174 @@ def average_per_group(groups: Sequence[Group], payloads: Sequence[Mapping[str, n
         ps.append(payload)
         ws.append(weight)
     return {group: weighted_average(ps, ws) for group, (ps, ws) in members.items()}
+
+
+# -- Byzantine-robust aggregation (robust-aggregation) -------------------------------------
+#
+# One entry point per shape of what a server combines: whole payloads of one layout (a global
+# model, a head: robust_average, per group: robust_average_per_group) and per-class rows
+# (fedapp.runtime.class_stats.robust_class_means). Each flattens what it combines into one
+# vector per upload and hands the stack to `combine`, which uses Flower's own functions
+# (flwr.server.strategy.aggregate) where they exist. With rule "none" each entry point is
+# exactly the method's plain average, so every number stays what it was.
+
+# Smoothed Weiszfeld (Pillutla et al., "Robust Aggregation for Federated Learning", 2022,
+# Algorithm 2): the smoothing nu keeps a step finite when the estimate sits on an upload.
+GEOMED_NU = 1e-6
+GEOMED_ITERATIONS = 100
+GEOMED_TOLERANCE = 1e-8
+
+
+@dataclass(frozen=True)
+class Robust:
+    """The robust rule of a run and its parameters (the ``robust-*`` settings)."""
+
+    rule: str = "none"
+    trim_fraction: float = 0.1
+    krum_f: int = 1
+    norm_bound: float = 0.0
+
+    @classmethod
+    def of(cls, cfg: Any) -> "Robust":
+        return cls(cfg.robust_aggregation, cfg.robust_trim_fraction, cfg.robust_krum_f,
+                   cfg.robust_norm_bound)
+
+    def too_few(self, n: int) -> str | None:
+        """Why ``n`` values cannot be protected by this rule, or None: Krum needs n > 2f + 2
+        (Blanchard et al. 2017, Proposition 1); a median of fewer than 3 is their mean; a
+        trimmed mean that cuts int(beta n) = 0 values is the mean."""
+        if self.rule in ("krum", "multi-krum") and n <= 2 * self.krum_f + 2:
+            return (f"{n} uploads, and {self.rule} with robust-krum-f = {self.krum_f} needs more "
+                    f"than {2 * self.krum_f + 2}: the coordinate-wise median is used instead")
+        if self.rule in ("median", "geomed", "krum", "multi-krum") and n < 3:
+            return f"{n} uploads: their median is their mean, which no rule can protect"
+        if self.rule == "trimmed-mean" and int(self.trim_fraction * n) == 0:
+            return (f"{n} uploads: robust-trim-fraction = {self.trim_fraction} cuts none of "
+                    "them, so the trimmed mean is the mean")
+        return None
+
+
+def geometric_median(vectors: np.ndarray, weights: Sequence[float] | None = None,
+                     nu: float = GEOMED_NU, iterations: int = GEOMED_ITERATIONS,
+                     tolerance: float = GEOMED_TOLERANCE) -> np.ndarray:
+    """The weighted geometric median of the rows of ``vectors`` [n, D]: argmin_z sum_k
+    alpha_k ||z - x_k||, by the smoothed Weiszfeld iteration of Pillutla et al. (RFA): each
+    step is a weighted average with weights alpha_k / max(nu, ||z - x_k||), so its breakdown
+    point is 1/2 and it never needs more than averages of the uploads."""
+    x = np.asarray(vectors, np.float64)
+    alpha = np.ones(len(x)) if weights is None else np.asarray(weights, np.float64)
+    alpha = alpha / alpha.sum()
+    z = alpha @ x
+    for _ in range(iterations):
+        beta = alpha / np.maximum(nu, np.linalg.norm(x - z, axis=1))
+        new = (beta / beta.sum()) @ x
+        done = np.linalg.norm(new - z) <= tolerance * max(1.0, np.linalg.norm(z))
+        z = new
+        if done:
+            break
+    return z
+
+
+def combine(stack: np.ndarray, weights: Sequence[float], robust: Robust) -> np.ndarray:
+    """One robust combination of the rows of ``stack`` [n, D] (float64): median, trimmed mean
+    (Yin et al. 2018) or Krum / multi-Krum (Blanchard et al. 2017) by Flower's functions, or the
+    geometric median. ``weights`` (n_k) matter only to multi-Krum's average of the kept rows
+    and the geometric median; coordinate-wise rules ignore them, as Flower's do."""
+    from flwr.server.strategy.aggregate import (aggregate_krum, aggregate_median,
+                                                aggregate_trimmed_avg)
+    n = len(stack)
+    rule = robust.rule
+    if rule in ("krum", "multi-krum") and n <= 2 * robust.krum_f + 2:
+        rule = "median"  # too few for Krum's guarantee: Robust.too_few says so
+    results = [([row], int(w) if float(w).is_integer() and w > 0 else 1)
+               for row, w in zip(stack, weights)]
+    if rule == "median":
+        return aggregate_median(results)[0]
+    if rule == "trimmed-mean":
+        return aggregate_trimmed_avg(results, robust.trim_fraction)[0]
+    if rule == "krum":
+        return aggregate_krum(results, robust.krum_f, 0)[0]
+    if rule == "multi-krum":
+        # Blanchard et al.'s multi-Krum keeps m = n - f uploads.
+        return np.asarray(aggregate_krum(results, robust.krum_f, n - robust.krum_f)[0],
+                          np.float64)
+    if rule == "geomed":
+        return geometric_median(stack, weights)
+    raise ValueError(f"robust rule {robust.rule!r} does not combine a stack")
+
+
+def _flatten(payloads: Sequence[Mapping[str, np.ndarray]], names: list[str]) -> np.ndarray:
+    return np.stack([np.concatenate([p[n].astype(np.float64).ravel() for n in names])
+                     for p in payloads])
+
+
+def _unflatten(vector: np.ndarray, like: Mapping[str, np.ndarray], names: list[str]
+               ) -> Payload:
+    out: Payload = {}
+    start = 0
+    for name in names:
+        first = like[name]
+        part = vector[start:start + first.size].reshape(first.shape)
+        start += first.size
+        out[name] = np.rint(part).astype(np.int64) if first.dtype.kind in "iu" \
+            else part.astype(np.float32)
+    return out
+
+
+def norm_bounded(payloads: Sequence[Mapping[str, np.ndarray]],
+                 reference: Mapping[str, np.ndarray], bound: float) -> list[Payload]:
+    """Each payload moved towards ``reference`` until its float arrays lie within L2 distance
+    ``bound`` of it (Sun et al. 2019, "Can you really backdoor federated learning?": norm
+    bounding of each update before the average); integer arrays are left as they are."""
+    names = [n for n, a in payloads[0].items() if a.dtype.kind == "f"]
+    ref = {n: reference[n].astype(np.float64) for n in names}
+    out = []
+    for p in payloads:
+        dist = float(np.sqrt(sum(np.sum((p[n].astype(np.float64) - ref[n]) ** 2)
+                                 for n in names)))
+        scale = min(1.0, bound / dist) if dist > 0 else 1.0
+        out.append({**p, **{n: ref[n] + scale * (p[n].astype(np.float64) - ref[n])
+                            for n in names}})
+    return out
+
+
+def robust_average(payloads: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float],
+                   robust: Robust, reference: Mapping[str, np.ndarray] | None = None,
+                   what: str = "the uploads") -> Payload:
+    """The one entry point for combining same-layout payloads (a model, a head, an extractor):
+    :func:`weighted_average` under rule "none", else the rule. ``reference`` is the current
+    state the uploads started from, which norm bounding measures distances to (default: the
+    uploads' coordinate-wise median, an estimate of it no minority can move far)."""
+    if robust.rule == "none":
+        return weighted_average(payloads, weights)
+    if not payloads:
+        raise ValueError("nothing to average")
+    why = robust.too_few(len(payloads))
+    if why is not None:
+        log(WARNING, "robust-aggregation = %s over %s: %s", robust.rule, what, why)
+    names = list(payloads[0])
+    if robust.rule == "norm-bound":
+        if reference is None:
+            reference = robust_average(payloads, weights, Robust("median"))
+        return weighted_average(norm_bounded(payloads, reference, robust.norm_bound), weights)
+    return _unflatten(combine(_flatten(payloads, names), weights, robust), payloads[0], names)
+
+
+def robust_average_per_group(groups: Sequence[Group],
+                             payloads: Sequence[Mapping[str, np.ndarray]],
+                             weights: Sequence[float], robust: Robust,
+                             references: Mapping[Group, Mapping[str, np.ndarray]] | None = None
+                             ) -> dict[Group, Payload]:
+    """:func:`average_per_group` with the robust rule applied within each group (each
+    architecture's or expert's uploads); a group too small for the rule is named in a
+    warning. Rule "none": exactly :func:`average_per_group`."""
+    if robust.rule == "none":
+        return average_per_group(groups, payloads, weights)
+    members: dict[Group, tuple[list, list]] = {}
+    for group, payload, weight in zip(groups, payloads, weights, strict=True):
+        ps, ws = members.setdefault(group, ([], []))
+        ps.append(payload)
+        ws.append(weight)
+    return {group: robust_average(ps, ws, robust, (references or {}).get(group),
+                                  what=f"group {group}")
+            for group, (ps, ws) in members.items()}

@@ -8,10 +8,14 @@ all "the mean vector of each class present": computed exactly over a data set af
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from logging import WARNING
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
+from flwr.common.logger import log
+
+from fedapp.runtime.aggregate import Robust, combine
 
 
 @dataclass
@@ -77,3 +81,25 @@ def class_target_mse(vectors: torch.Tensor, y: torch.Tensor, targets: torch.Tens
     FedProto's prototype regulariser and FedHe's logit loss are both this distance."""
     per_sample = (vectors - targets[y]).pow(2).mean(1)
     return (per_sample * has_target[y]).mean()
+
+
+def robust_class_means(rows: Mapping[int, Sequence[np.ndarray]], robust: Robust,
+                       what: str = "class") -> dict[int, np.ndarray]:
+    """Per class, a robust combination of the rows the clients that hold the class sent
+    (prototypes, logits, meta-gradients): ``{class: float32 vector}`` for every class with a
+    row. Count weights are dropped on purpose: a count is what a client claims, so weighting
+    by it is an attack surface of its own (a client that puts its whole count on one class).
+    A class with too few holders for the rule is named in a warning."""
+    out = {}
+    thin = []
+    for c in sorted(rows):
+        stack = np.stack([np.asarray(r, np.float64) for r in rows[c]])
+        if robust.too_few(len(stack)) is not None:
+            thin.append(f"{c} ({len(stack)})")
+        shape = stack.shape[1:]
+        flat = stack.reshape(len(stack), -1)
+        out[c] = combine(flat, [1.0] * len(flat), robust).reshape(shape).astype(np.float32)
+    if thin:
+        log(WARNING, "robust-aggregation = %s per %s: too few holders to protect %s "
+            "(holders in brackets)", robust.rule, what, ", ".join(thin))
+    return out

@@ -10,6 +10,7 @@ each message and written back after training. A method subclass changes only wha
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import signal
 import sys
@@ -30,7 +31,7 @@ from fedapp.config import ConfigError, RunConfig, client_cache_budget
 from fedapp.data import setup
 from fedapp.data.local_data import expected_input, load_local_data
 from fedapp.data.partitions import ClientData, load_client_data
-from fedapp.runtime import checkpoint
+from fedapp.runtime import attacks, checkpoint
 from fedapp.runtime.class_stats import ClassMeans, class_means
 from fedapp.runtime.payload import Payload, from_ndarrays, to_ndarrays
 from fedapp.runtime.speeds import has_stragglers, update_duration
@@ -273,8 +274,18 @@ class FedClient(NumPyClient):
     # (get_properties) costs nothing.
     @functools.cached_property
     def data(self) -> ClientData:
-        """This client's train / val / test tensors, on its device."""
-        return _device_data(self.cfg, self.partition_id, str(self.device), self.data_dir)
+        """This client's train / val / test tensors, on its device (a malicious client of
+        ``attack = "label-flip"`` trains on flipped labels; its test labels stay true)."""
+        shard = _device_data(self.cfg, self.partition_id, str(self.device), self.data_dir)
+        if self.malicious and self.cfg.attack == "label-flip":
+            shard = dataclasses.replace(shard, train_y=attacks.flip_labels(shard.train_y,
+                                                                           self.num_classes))
+        return shard
+
+    @functools.cached_property
+    def malicious(self) -> bool:
+        """Whether this client attacks (``attack``, ``malicious-*``: fedapp.runtime.attacks)."""
+        return self.partition_id in attacks.malicious_partitions(self.cfg)
 
     @functools.cached_property
     def global_test(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -512,7 +523,8 @@ class FedClient(NumPyClient):
             with isolated_rng(derive_seed(self.cfg.seed, "fit", self.partition_id,
                                           server_round), self.device):
                 self.message = config  # what a method's visit depends on (CompFL's relays)
-                self.receive(self.read_payload(parameters, config), server_round)
+                received = self.read_payload(parameters, config)
+                self.receive(received, server_round)
                 on_gpu = self.device.type == "cuda"
                 # This message's own peak, not an earlier client's in this actor; it includes
                 # what the process keeps for other clients (the caches above).
@@ -522,6 +534,12 @@ class FedClient(NumPyClient):
                 stats = self.train(server_round)
                 seconds = time.perf_counter() - start
                 upload = self.upload()
+        if self.malicious:
+            # After the method built its honest upload: one transform for every method's
+            # payload (fedapp.runtime.attacks); the received arrays are what "the update" is
+            # measured from.
+            upload = attacks.attack_upload(upload, received, self.cfg, self.partition_id,
+                                           server_round, self.num_classes)
         if self.cfg.clock == "arrival" and has_stragglers(self.cfg):
             # A slower device: the same work, taking (duration - 1) x longer
             # (fedapp.runtime.speeds).

@@ -155,6 +155,13 @@ class Recorder:
             accuracy["global_per_client"] = last.get("global_per_client", {})
         if "variants" in last:
             accuracy["variants"] = last["variants"]
+        malicious = next((h["malicious_clients"] for h in reversed(self.history)
+                          if "malicious_clients" in h), None)
+        if malicious is not None:
+            # What robustness papers report: the honest clients' mean, beside everyone's.
+            honest = [v for k, v in per_client.items() if int(k) not in malicious]
+            accuracy["honest_mean"], accuracy["honest_std"] = (
+                _mean_std(honest) if honest else (None, None))
         communication = {
             "bytes_up": int(sum(h["bytes_up"] for h in self.history)),
             "bytes_down": int(sum(h["bytes_down"] for h in self.history)),
@@ -182,6 +189,7 @@ class Recorder:
                 "rejected_clients": _tally(h.get("rejected_clients", []) for h in self.history),
                 # Rounds without a usable update (the method's state stayed as it was).
                 "empty_rounds": [h["round"] for h in self.history if h.get("empty_round")],
+                **({"malicious_clients": malicious} if malicious is not None else {}),
                 # What the run takes if clients are as fast as fedapp.runtime.speeds says.
                 "virtual_seconds": float(sum(h.get("virtual_seconds", 0.0)
                                              for h in self.history)),

@@ -42,7 +42,9 @@ from flwr.server.strategy import Strategy
 from client_models import HeteroModel
 from fedapp.config import RunConfig
 from fedapp.data import setup
-from fedapp.runtime import checkpoint, timeline
+from fedapp.runtime import attacks, checkpoint, timeline
+from fedapp.runtime.aggregate import Robust, robust_average, robust_average_per_group
+from fedapp.runtime.class_stats import robust_class_means
 from fedapp.runtime.payload import (ArraySpec, Payload, PayloadError, WireSize, check_layout,
                                     check_values, encode, float32, load, read_headers, to_wire,
                                     validate, wire_size)
@@ -224,6 +226,10 @@ class FedStrategy(Strategy):
             if not record.get("empty_round"):
                 break
             self._empty_in_a_row += 1
+        # The rule every average of the method goes through (robust-aggregation) and, in a
+        # run with attacks on purpose, who attacks: recorded beside the accuracies.
+        self.robust = Robust.of(cfg)
+        self.malicious = attacks.malicious_partitions(cfg)
         # Flower counts rounds from 1 in every run; a resumed run continues after its last
         # checkpoint, so the rounds every method sees are Flower's plus this offset.
         self.round_offset = 0
@@ -274,6 +280,24 @@ class FedStrategy(Strategy):
         return {}
 
     # -- helpers for methods -------------------------------------------------------------------
+    def average(self, payloads: list[Payload], weights: list[float],
+                reference: Payload | None = None, what: str = "the uploads") -> Payload:
+        """The n_k-weighted average of same-layout payloads (a model, a head), or with
+        ``robust-aggregation`` set the robust rule's combination of them (``reference``: the
+        state they started from, which norm bounding measures them against). Every method
+        that averages whole models or heads goes through here."""
+        return robust_average(payloads, weights, self.robust, reference, what)
+
+    def average_per_group(self, groups: list, payloads: list[Payload], weights: list[float],
+                          references: Mapping[Any, Payload] | None = None) -> dict[Any, Payload]:
+        """:meth:`average` within each group (architecture, expert)."""
+        return robust_average_per_group(groups, payloads, weights, self.robust, references)
+
+    def robust_class_means(self, rows: Mapping[int, list[np.ndarray]]) -> dict[int, np.ndarray]:
+        """Per class, the robust rule's combination of the rows its holders sent (only with
+        ``robust-aggregation`` set: a method keeps its own per-class average otherwise)."""
+        return robust_class_means(rows, self.robust)
+
     def new_model(self, arch: str) -> HeteroModel:
         """A model of ``arch`` initialised from the seed (for server-side initial weights)."""
         return setup.new_model(self.cfg, arch, self.input_shape, self.num_classes, "server")
@@ -608,6 +632,7 @@ class FedStrategy(Strategy):
         who = {"clients_sampled": len(self._sampled), "failed_clients": self._failed,
                "rejected_clients": sorted(self._rejected), "evaluated": self._evaluated,
                "empty_round": self._empty,
+               **self.attack_record(evals),
                "train_loss": self._train_loss,
                **({"train_terms": self._train_terms} if self._train_terms else {}),
                **self._devices,
@@ -633,6 +658,15 @@ class FedStrategy(Strategy):
             log(INFO, "[fedapp] done: accuracy %s over %d clients; results in %s",
                 format_accuracy(acc["mean"], acc["std"]), len(acc["per_client"]),
                 self.recorder.run_dir)
+
+    def attack_record(self, evals: list[dict[str, Any]]) -> dict[str, Any]:
+        """In a run with malicious clients: who they are, and the mean accuracy of the honest
+        clients evaluated (what papers report), beside the overall mean."""
+        if not self.malicious:
+            return {}
+        honest = [float(e["accuracy"]) for e in evals if e["partition-id"] not in self.malicious]
+        return {"malicious_clients": sorted(self.malicious),
+                "honest_accuracy_mean": float(np.mean(honest)) if honest else None}
 
     def evaluate(self, server_round: int, parameters: Parameters
                  ) -> tuple[float, dict[str, Scalar]] | None:

@@ -16,7 +16,7 @@ each method's module then holds only its loss and what it uploads and downloads.
   the shared model and those modules in ``context.state`` beside the private model (so in the
   idle file of ``client-state = "disk"``, in checkpoints and on a SuperNode's state-dir);
 - :class:`SharedModelStrategy`: the server side that sends the shared model and averages the
-  uploaded ones (``fedapp.runtime.aggregate.weighted_average``).
+  uploaded ones (``FedStrategy.average``: weighted, or robust-aggregation's rule).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from client_models import HeteroModel, build_model, parse_arch_mix
 from fedapp.config import ConfigError, RunConfig
 from fedapp.data import setup
 from fedapp.data.local_data import expected_input
-from fedapp.runtime.aggregate import weighted_average
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -240,6 +239,7 @@ class SharedModelStrategy(FedStrategy):
         return [1.0 if uniform else float(u.num_examples) for u in uploads]
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
-        self.shared_model = weighted_average([u.payload for u in uploads],
-                                             self.average_weights(uploads))
+        self.shared_model = self.average([u.payload for u in uploads],
+                                         self.average_weights(uploads),
+                                         reference=self.shared_model)
 

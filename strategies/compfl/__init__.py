@@ -52,4 +52,5 @@ METHOD = Method("experts ordered by size share per-architecture extractors; prot
                 decentralised=True,
                 # Paper App. B with FedPAC's learning rate (CompFL gives none).
                 recipe={**SGD_HALF, "weight-decay": 0.0005, "batch-size": 50,
-                        "local-epochs": 5})
+                        "local-epochs": 5},
+                payload_kinds=("group-model",))

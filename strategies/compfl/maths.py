@@ -493,6 +493,11 @@ class CompFL(PerArchitectureExtractors):
         [(arch, arrays)] = unpack(upload.payload).items()
         return arch, arrays
 
+    def starting_point(self, arch: str) -> Payload:
+        if self.settings.upload == "weights":
+            return super().starting_point(arch)
+        return {k: np.zeros_like(v) for k, v in self.extractors[arch].items()}  # a delta
+
     def merge(self, arch: str, average: Payload) -> Payload:
         if self.settings.upload == "weights":
             return average  # = theta~ + sum_i alpha_i (w_i - theta~)

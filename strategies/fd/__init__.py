@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config import ConfigError, RunConfig, opt
+from fedapp.config import ConfigError, RunConfig, UploadLayout, opt
 from fedapp.runtime.recipes import HTFLLIB
 from strategies import Method
 
@@ -43,4 +43,6 @@ class FDSettings:
 METHOD = Method("federated distillation: per-class average logits up, the other clients' "
                 "per-class averages down; CE + lambda * soft CE to them (any architectures)",
                 strategy_class="FD", client_class="FDClient",
-                settings=FDSettings, asynchronous=True, recipe=HTFLLIB)
+                settings=FDSettings, asynchronous=True, recipe=HTFLLIB,
+                payload_kinds=("class-rows",),
+                upload_layout=UploadLayout(labels="labels", rows=("logits",), logits=("logits",)))

@@ -101,6 +101,8 @@ class FD(FedStrategy):
         own = self.client_logits.get(client.partition_id) if client is not None else None
         if not self.settings.exclude_own or own is None:
             return self._payload  # one object for everyone: encoded once
+        if self.robust.rule != "none":
+            return self.robust_table(exclude=client.partition_id)
         labels, logits = own
         sums, counts = self.sums.copy(), self.counts.copy()
         sums[labels] -= logits
@@ -126,4 +128,20 @@ class FD(FedStrategy):
             labels, logits = self.client_logits[pid]
             self.sums[labels] += logits  # labels are unique within an upload
             self.counts[labels] += 1
-        self._payload = _table(self.sums, self.counts)
+        self._payload = (_table(self.sums, self.counts) if self.robust.rule == "none"
+                         else self.robust_table())
+
+    def robust_table(self, exclude: int | None = None) -> Payload:
+        """The table under robust-aggregation: each class's rule over the clients that sent
+        it (but ``exclude``, for exclude-own), as the mean is over them."""
+        rows: dict[int, list[np.ndarray]] = {}
+        for pid in sorted(self.client_logits):
+            if pid != exclude:
+                for c, row in zip(*self.client_logits[pid]):
+                    rows.setdefault(int(c), []).append(row)
+        robust = self.robust_class_means(rows)
+        if not robust:
+            return {}
+        labels = np.array(sorted(robust), np.int32)
+        return {"logits": np.stack([robust[c] for c in labels]).astype(np.float32),
+                "labels": labels}

@@ -7,7 +7,6 @@ server replaces the global model by the n_k-weighted average. Clients are evalua
 test split with the global model installed, as FedAvg has no personal model.
 """
 
-from fedapp.runtime.aggregate import weighted_average
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -40,5 +39,6 @@ class FedAvg(FedStrategy):
                 for name, a in self.global_model.items()}
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
-        self.global_model = weighted_average([u.payload for u in uploads],
-                                             [u.num_examples for u in uploads])
+        self.global_model = self.average([u.payload for u in uploads],
+                                         [u.num_examples for u in uploads],
+                                         reference=self.global_model)

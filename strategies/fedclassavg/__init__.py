@@ -68,4 +68,5 @@ METHOD = Method("average the shared classifier; supervised contrastive loss (vie
                 recipe={"optimizer": "adam", "lr": 0.0006, "adam-beta1": 0.5,
                         "adam-beta2": 0.999, "weight-decay": 0.0, "grad-clip": 0.0,
                         "optimizer-state": "fresh", "batch-size": 64,
-                        "drop-last": True, "local-epochs": 1, "feature-dim": 512})
+                        "drop-last": True, "local-epochs": 1, "feature-dim": 512},
+                payload_kinds=("model",))

@@ -61,4 +61,5 @@ class FedGenSettings:
 METHOD = Method("heads averaged; the server trains a feature generator on the ensemble of "
                 "the heads, and clients train their heads on its features too",
                 strategy_class="FedGen", client_class="FedGenClient", shared_dim=True,
-                settings=FedGenSettings, recipe=HTFLLIB)
+                settings=FedGenSettings, recipe=HTFLLIB,
+                payload_kinds=("model", "server-training"))

@@ -48,7 +48,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedapp.data import setup
-from fedapp.runtime.aggregate import weighted_average
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -304,5 +303,5 @@ class FedGen(FedStrategy):
         # (servergen.py:112) and never saves the trained one, so its clients only ever see
         # the initial G; training a copy to throw away changes nothing, so none is trained.
         self.generator_sent = True
-        self.global_head = weighted_average(heads, num_examples.tolist())
+        self.global_head = self.average(heads, num_examples.tolist(), reference=self.global_head)
         self._payloads = None

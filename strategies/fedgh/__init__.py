@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config import opt
+from fedapp.config import UploadLayout, opt
 from strategies import Method
 
 
@@ -35,4 +35,6 @@ METHOD = Method("server trains a global header on clients' per-class averaged "
                 # 30 epochs of 512 (grid-searched in the paper) are left to presets.
                 recipe={"optimizer": "sgd", "lr": 0.01, "momentum": 0.9,
                         "weight-decay": 0.001, "grad-clip": 50.0,
-                        "optimizer-state": "fresh"})
+                        "optimizer-state": "fresh"},
+                payload_kinds=("server-training",),
+                upload_layout=UploadLayout(labels="labels", rows=("representations",)))

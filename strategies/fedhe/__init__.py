@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config import opt
+from fedapp.config import ConfigError, RunConfig, UploadLayout, opt
 from strategies import Method
 
 
@@ -23,6 +23,16 @@ class FedHeSettings:
     collapse_every: int = opt(0, "running-mean: uploads between collapses (0 = 10 x num-clients)",
                               low=0)
 
+    def check(self, cfg: RunConfig) -> None:
+        # 'all' and 'running-mean' keep per-class sums, never a client's own rows, so no rule
+        # can tell an attacker's logits apart; 'latest-per-client' keeps each client's rows.
+        if cfg.robust_aggregation != "none" and self.history != "latest-per-client":
+            raise ConfigError(
+                f"setting robust-aggregation = {cfg.robust_aggregation!r} is invalid for "
+                f"method 'fedhe' with fedhe.history = {self.history!r}: that store keeps only "
+                "per-class sums, not each client's rows, which a robust rule needs; set "
+                "fedhe.history = 'latest-per-client'.")
+
 # FedHe's code compiles one Keras Adam per client, kept for the whole run; 3 batches of 50.
 RECIPE = {"optimizer": "adam", "lr": 0.001, "weight-decay": 0.0, "grad-clip": 0.0,
           "optimizer-state": "keep", "batch-size": 50, "local-steps": 3}
@@ -30,4 +40,6 @@ RECIPE = {"optimizer": "adam", "lr": 0.001, "weight-decay": 0.0, "grad-clip": 0.
 METHOD = Method("per-class average logits up and down; CE + alpha * logit loss "
                 "(any architectures)",
                 strategy_class="FedHe", client_class="FedHeClient", settings=FedHeSettings,
-                asynchronous=True, recipe=RECIPE)
+                asynchronous=True, recipe=RECIPE,
+                payload_kinds=("class-rows",),
+                upload_layout=UploadLayout(labels="labels", rows=("logits",), logits=("logits",)))

@@ -145,4 +145,12 @@ class FedHe(FedStrategy):
         for u in uploads:
             self.store.add(u.client.partition_id, u.payload["labels"], u.payload["logits"])
         labels, logits = self.store.averages()
+        if self.robust.rule != "none" and len(labels):
+            # fedhe.history = 'latest-per-client' (the card refuses the others): each class's
+            # rule over the latest row of every client that sent it.
+            rows: dict[int, list[np.ndarray]] = {}
+            for (_, c), vector in sorted(self.store.latest.items()):
+                rows.setdefault(c, []).append(vector)
+            robust = self.robust_class_means(rows)
+            logits = np.stack([robust[int(c)] for c in labels])
         self._payload = {"logits": logits, "labels": labels} if len(labels) else {}

@@ -50,4 +50,5 @@ METHOD = Method("a private mentor and a shared mentee (averaged) by adaptive mut
                 "distillation (KL + hidden MSE, scaled by the task losses); the mentee's "
                 "updates travel as truncated SVD factors",
                 strategy_class="FedKD", client_class="FedKDClient",
-                settings=FedKDSettings, recipe={**HTFLLIB, "grad-clip": 10.0})
+                settings=FedKDSettings, recipe={**HTFLLIB, "grad-clip": 10.0},
+                payload_kinds=("model",))

@@ -50,7 +50,6 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ConfigRecord
 
-from fedapp.runtime.aggregate import weighted_average
 from fedapp.runtime.client_base import load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError, validate
 from fedapp.runtime.strategy_base import ClientInfo, Upload
@@ -284,7 +283,10 @@ class FedKD(SharedModelStrategy):
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
         s = self.cfg.settings
         received = [u.payload for u in uploads]  # reconstructed once, by decode_upload
-        average = weighted_average(received, self.average_weights(uploads))
+        # An update is measured from no change, weights from the current mentee.
+        reference = self.shared_model if s.compress == "weights" else \
+            {k: np.zeros_like(v) for k, v in received[0].items()}
+        average = self.average(received, self.average_weights(uploads), reference=reference)
         # Compressed with this round's energy, as the clients' uploads were.
         self.last_update = compress(average, self.threshold(server_round), s.rank_rule,
                                     s.codec)

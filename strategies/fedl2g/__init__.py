@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fedapp.config import ConfigError, RunConfig, opt
+from fedapp.config import ConfigError, RunConfig, UploadLayout, opt
 from fedapp.runtime.recipes import HTFLLIB
 from strategies import Method
 
@@ -66,4 +66,6 @@ class FedL2GSettings:
 METHOD = Method("learnable per-class guiding vectors (features or logits) the server updates "
                 "with the clients' meta-gradients of a held-out quiz loss; CE + MSE to them",
                 strategy_class="FedL2G", client_class="FedL2GClient", settings=FedL2GSettings,
-                recipe={**HTFLLIB, "grad-clip": 100.0})
+                recipe={**HTFLLIB, "grad-clip": 100.0},
+                payload_kinds=("class-rows",),
+                upload_layout=UploadLayout(labels="labels", rows=("meta-gradients",)))

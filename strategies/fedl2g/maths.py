@@ -202,6 +202,13 @@ class FedL2G(FedStrategy):
         # Per-class mean over the clients that sent the class; zero where nobody did.
         mean = np.divide(sums, senders[:, None], out=np.zeros_like(sums),
                          where=senders[:, None] > 0)
+        if self.robust.rule != "none":
+            rows: dict[int, list[np.ndarray]] = {}
+            for u in uploads:
+                for c, row in zip(u.payload[LABELS], u.payload[GRADS]):
+                    rows.setdefault(int(c), []).append(row)
+            for c, row in self.robust_class_means(rows).items():
+                mean[c] = row
         norm = float(np.linalg.norm(mean))
         if norm > SERVER_CLIP:
             mean *= SERVER_CLIP / (norm + 1e-6)  # as torch's clip_grad_norm_

@@ -77,4 +77,6 @@ RECIPE = {"optimizer": "adam", "lr": 0.001, "weight-decay": 0.0, "grad-clip": 0.
 METHOD = Method("model distillation on a public set: logits on A_t up, their mean down; each "
                 "client digests it (MAE) and revisits its private data (any architectures)",
                 strategy_class="FedMD", client_class="FedMDClient", settings=FedMDSettings,
-                recipe=RECIPE, needs_public=True, public_labels=True)
+                recipe=RECIPE, needs_public=True, public_labels=True,
+                # Its server averages same-shaped tables (logits of A_t): a model-like payload.
+                payload_kinds=("model",))

@@ -180,14 +180,6 @@ class FedMDClient(FedClient):
         return {} if self.digest is None else {"term-digest": self.digest.loss}
 
 
-def consensus(logits: list[np.ndarray]) -> np.ndarray:
-    """õ = the unweighted mean of the parties' logits (summed in the order given)."""
-    total = np.zeros(logits[0].shape, np.float64)
-    for one in logits:
-        total += one
-    return (total / len(logits)).astype(np.float32)
-
-
 class FedMD(FedStrategy):
     """Averages the round's logits on A_t; sends the consensus with A_t's indices."""
 
@@ -209,4 +201,8 @@ class FedMD(FedStrategy):
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
         self.payload = {"indices": self.alignment(server_round),
-                        "consensus": consensus([u.payload["logits"] for u in uploads])}
+                        # õ: every party counts once (the code's mean over parties), so
+                        # unit weights; a robust-aggregation rule replaces the mean.
+                        "consensus": self.average([u.payload for u in uploads],
+                                                  [1.0] * len(uploads),
+                                                  what="the parties' logits")["logits"]}

@@ -52,4 +52,5 @@ METHOD = Method("a shared small model beside each private one; a private project
                 "both features, the shared head reads its first s dimensions, the private "
                 "head all (Matryoshka); the shared model is averaged",
                 strategy_class="FedMRL", client_class="FedMRLClient",
-                settings=FedMRLSettings, recipe=HTFLLIB)
+                settings=FedMRLSettings, recipe=HTFLLIB,
+                payload_kinds=("model",))

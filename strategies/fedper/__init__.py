@@ -9,4 +9,5 @@ from strategies import Method
 
 METHOD = Method("average the extractors within each architecture; heads stay private",
                 strategy_class="FedPer", client_class="FedPerClient",
-                recipe={**SGD_HALF, "weight-decay": 0.0001, "batch-size": 10})
+                recipe={**SGD_HALF, "weight-decay": 0.0001, "batch-size": 10},
+                payload_kinds=("group-model",))

@@ -13,7 +13,6 @@ global extractor per architecture, initialised from the seed and averaged per ar
 
 from __future__ import annotations
 
-from fedapp.runtime.aggregate import average_per_group
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -53,9 +52,16 @@ class PerArchitectureExtractors(FedStrategy):
         """The new global extractor of ``arch`` from the n_k-weighted average of its uploads."""
         return average
 
+    def starting_point(self, arch: str) -> Payload:
+        """What an upload of ``arch`` is measured from (robust-aggregation's norm bound): the
+        global extractor the client started from."""
+        return self.extractors[arch]
+
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
         archs, extractors = zip(*(self.trained_extractor(u) for u in uploads))
-        averages = average_per_group(archs, extractors, [u.num_examples for u in uploads])
+        averages = self.average_per_group(
+            list(archs), list(extractors), [u.num_examples for u in uploads],
+            references={arch: self.starting_point(arch) for arch in set(archs)})
         # Architectures nobody trained this round keep their extractor.
         for arch, average in averages.items():
             self.extractors[arch] = self.merge(arch, average)

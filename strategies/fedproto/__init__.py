@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config import opt
+from fedapp.config import UploadLayout, opt
 from fedapp.runtime.recipes import SGD_HALF
 from strategies import Method
 
@@ -35,4 +35,6 @@ METHOD = Method("per-class prototypes up, count-weighted global prototypes down;
                 settings=FedProtoSettings,
                 # The authors' batch is 4; HtFLlib's 10 is the practical one.
                 recipe={**SGD_HALF, "weight-decay": 0.0, "batch-size": 10,
-                        "drop-last": True})
+                        "drop-last": True},
+                payload_kinds=("class-rows",),
+                upload_layout=UploadLayout(class_in_name=r"class-(\d+)/"))

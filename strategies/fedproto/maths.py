@@ -163,6 +163,7 @@ class FedProto(FedStrategy):
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
         sums: dict[int, np.ndarray] = {}
         counts: dict[int, int] = {}
+        rows: dict[int, list[np.ndarray]] = {}
         for u in uploads:
             classes = []
             for name, vector in u.payload.items():
@@ -171,9 +172,13 @@ class FedProto(FedStrategy):
                 n = 1 if self.cfg.settings.average == "uniform" else n
                 sums[c] = sums.get(c, 0.0) + n * vector.astype(np.float64)
                 counts[c] = counts.get(c, 0) + n
+                rows.setdefault(c, []).append(vector)
                 classes.append(c)
             self.client_classes[u.client.partition_id] = sorted(classes)
         # Classes nobody uploaded this round keep their previous prototype (partial
         # participation), so a later client of that class still has a target.
+        if self.robust.rule != "none":
+            self.global_prototypes.update(self.robust_class_means(rows))
+            return
         for c in sums:
             self.global_prototypes[c] = (sums[c] / counts[c]).astype(np.float32)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config import opt
+from fedapp.config import UploadLayout, opt
 from fedapp.runtime.recipes import HTFLLIB
 from strategies import Method
 
@@ -29,4 +29,6 @@ METHOD = Method("one random convex mix of the class prototypes with its soft lab
                 server_d="the server's head is Linear(d, C)",
                 settings=FedRESettings, asynchronous=True,
                 # The FedRE repository's defaults (main.py: -lr 0.03, -lbs 64).
-                recipe={**HTFLLIB, "lr": 0.03, "batch-size": 64})
+                recipe={**HTFLLIB, "lr": 0.03, "batch-size": 64},
+                payload_kinds=("server-training",),
+                upload_layout=UploadLayout(fixed=("weights",)))

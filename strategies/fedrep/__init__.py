@@ -21,4 +21,5 @@ class FedRepSettings:
 METHOD = Method("as fedper, trained head first (extractor frozen), then extractor (head "
                 "frozen)",
                 strategy_class="FedRep", client_class="FedRepClient", settings=FedRepSettings,
-                recipe={**SGD_HALF, "weight-decay": 0.0001, "batch-size": 10})
+                recipe={**SGD_HALF, "weight-decay": 0.0001, "batch-size": 10},
+                payload_kinds=("group-model",))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config import opt
+from fedapp.config import UploadLayout, opt
 from fedapp.runtime.recipes import HTFLLIB
 from strategies import Method
 
@@ -36,4 +36,6 @@ METHOD = Method("FedProto whose server trains the global prototypes (a class-emb
                 "network) with an adaptive margin; nearest-prototype inference",
                 strategy_class="FedTGP", client_class="FedTGPClient", shared_dim=True,
                 server_d="the global prototypes are d-dimensional",
-                settings=FedTGPSettings, recipe=HTFLLIB)
+                settings=FedTGPSettings, recipe=HTFLLIB,
+                payload_kinds=("class-rows", "server-training"),
+                upload_layout=UploadLayout(labels="labels", rows=("prototypes",)))

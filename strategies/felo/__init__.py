@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config import ConfigError, RunConfig, opt
+from fedapp.config import ConfigError, RunConfig, UploadLayout, opt
 from strategies import Method
 
 
@@ -48,4 +48,8 @@ RECIPE = {"optimizer": "adam", "lr": 0.001, "weight-decay": 0.0, "grad-clip": 0.
 METHOD = Method("per-class mean features and logits up, their per-class averages down; "
                 "CE + alpha * (feature MSE + logit KL); same-architecture models averaged",
                 strategy_class="Felo", client_class="FeloClient", shared_dim=True,
-                settings=FeloSettings, recipe=RECIPE)
+                settings=FeloSettings, recipe=RECIPE,
+                payload_kinds=("group-model", "class-rows"),
+                upload_layout=UploadLayout(labels="class-labels",
+                                           rows=("class-features", "class-logits"),
+                                           logits=("class-logits",)))

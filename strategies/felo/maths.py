@@ -21,7 +21,7 @@ The server keeps a per-class history of the received (feature, logit) entries
 (:class:`ClassStore`: the last ``history-size`` entries of each class, the paper's "server
 dataset"; ``history = "latest-round"`` keeps only the entries of the latest round that brought
 the class), averages it per class into the tables ``s[c]``, ``p[c]`` and averages the models of
-each architecture group weighted by n_k (``fedapp.runtime.aggregate.average_per_group``).
+each architecture group weighted by n_k (``FedStrategy.average_per_group``).
 Every client downloads the tables of all classes and its own group's weights.
 
 Deliberate choices where paper and code differ or are silent (see docs/felo.md):
@@ -47,7 +47,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedapp.runtime.aggregate import average_per_group
 from fedapp.runtime.class_stats import ClassSums, class_target_mse
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
@@ -211,10 +210,17 @@ class Felo(FedStrategy):
         self.store.add_round([(u.payload[LABELS], u.payload[FEATURES], u.payload[LOGITS])
                               for u in uploads])
         if self.settings.group_avg:
-            self.group_models.update(average_per_group(
+            self.group_models.update(self.average_per_group(
                 [u.client.arch for u in uploads], [model_part(u.payload) for u in uploads],
-                [u.num_examples for u in uploads]))
+                [u.num_examples for u in uploads], references=self.group_models))
         labels, features, logits = self.store.means()
+        if self.robust.rule != "none" and len(labels):
+            # Per class over its stored entries (the history holds an attacker's too).
+            entries = {int(c): self.store.entries[c] for c in labels}
+            feats = self.robust_class_means({c: [s for s, _ in e] for c, e in entries.items()})
+            logs = self.robust_class_means({c: [p for _, p in e] for c, e in entries.items()})
+            features = np.stack([feats[int(c)] for c in labels])
+            logits = np.stack([logs[int(c)] for c in labels])
         features = self.class_features(server_round, labels, features)
         self.tables = {FEATURES: features, LOGITS: logits, LABELS: labels}
         self._payloads = {}

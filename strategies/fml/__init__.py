@@ -31,4 +31,5 @@ class FMLSettings(SharedModelSettings):
 METHOD = Method("a private model and a shared meme model (one architecture, averaged) "
                 "trained by mutual learning: CE + KL to each other",
                 strategy_class="FML", client_class="FMLClient",
-                settings=FMLSettings, recipe={**HTFLLIB, "grad-clip": 10.0})
+                settings=FMLSettings, recipe={**HTFLLIB, "grad-clip": 10.0},
+                payload_kinds=("model",))

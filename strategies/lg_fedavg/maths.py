@@ -10,7 +10,6 @@ LG-FedAvg evaluates (it installs the global head before testing).
 
 import torch
 
-from fedapp.runtime.aggregate import weighted_average
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -54,5 +53,6 @@ class LgFedAvg(FedStrategy):
         return {name: ArraySpec(a.shape) for name, a in self.global_head.items()}
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
-        self.global_head = weighted_average([u.payload for u in uploads],
-                                            [u.num_examples for u in uploads])
+        self.global_head = self.average([u.payload for u in uploads],
+                                        [u.num_examples for u in uploads],
+                                        reference=self.global_head)

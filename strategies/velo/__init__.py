@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config import opt
+from fedapp.config import UploadLayout, opt
 from strategies import Method
 from strategies.felo import RECIPE, FeloSettings
 
@@ -32,4 +32,8 @@ class VeloSettings(FeloSettings):
 METHOD = Method("Felo whose server trains a conditional VAE on the features and sends one "
                 "decoded feature per class",
                 strategy_class="Velo", client_class="VeloClient", shared_dim=True,
-                settings=VeloSettings, recipe=RECIPE)
+                settings=VeloSettings, recipe=RECIPE,
+                payload_kinds=("group-model", "class-rows", "server-training"),
+                upload_layout=UploadLayout(labels="class-labels",
+                                           rows=("class-features", "class-logits"),
+                                           logits=("class-logits",)))

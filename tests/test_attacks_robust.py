@@ -1,0 +1,401 @@
+"""Attacks on purpose and Byzantine-robust aggregation: each attack's transform on a hand-built
+upload, the seeded draw of the malicious clients, each robust rule against values worked out
+by hand, refused combinations, and in-process federations where one attacker drags the plain
+average far and the robust rule keeps it near the honest clients' average."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from fedapp.config import ConfigError, UploadLayout
+from fedapp.runtime import attacks
+from fedapp.runtime.aggregate import (Robust, geometric_median, robust_average,
+                                      robust_average_per_group, weighted_average)
+from fedapp.runtime.class_stats import robust_class_means
+from fedapp.runtime.payload import from_ndarrays
+from fedapp.runtime.results import Recorder
+from fedapp.seeding import derive_seed
+from tests.conftest import InProcessFederation, cfg_of, make_strategy
+
+
+def _cfg(attack, **extra):
+    return cfg_of(method="fedavg", arch_mix="cnn5", num_clients=4, attack=attack,
+                  malicious_clients="1", **extra)
+
+
+UPLOAD = {"w": np.array([1.0, 2.0], np.float32), "labels": np.array([0, 1], np.int32)}
+RECEIVED = {"w": np.array([0.5, 0.5], np.float32)}
+
+
+# -- the attacks' transforms ---------------------------------------------------------------------
+def test_sign_flip_reverses_the_update_from_what_was_received():
+    out = attacks.attack_upload(UPLOAD, RECEIVED, _cfg("sign-flip"), 1, 3, 10)
+    np.testing.assert_array_equal(out["w"], [0.0, -1.0])  # 0.5 - (x - 0.5)
+    np.testing.assert_array_equal(out["labels"], [0, 1])  # integers are left alone
+    assert out["w"].dtype == np.float32 and out["labels"].dtype == np.int32
+    # Nothing of that name received: measured from zero.
+    np.testing.assert_array_equal(
+        attacks.attack_upload(UPLOAD, {}, _cfg("sign-flip"), 1, 3, 10)["w"], [-1.0, -2.0])
+
+
+def test_scale_multiplies_the_update_and_clips_to_the_bound():
+    out = attacks.attack_upload(UPLOAD, RECEIVED, _cfg("scale", attack_scale=3.0), 1, 3, 10)
+    np.testing.assert_array_equal(out["w"], [2.0, 5.0])  # 0.5 + 3 (x - 0.5)
+    huge = attacks.attack_upload(UPLOAD, {}, _cfg("scale", attack_scale=1e9), 1, 3, 10)
+    np.testing.assert_array_equal(huge["w"], [1e4, 1e4])  # upload-max-abs: it must pass
+
+
+def test_noise_is_keyed_by_seed_partition_round_and_array():
+    cfg = _cfg("noise", attack_noise_std=0.5)
+    out = attacks.attack_upload(UPLOAD, RECEIVED, cfg, 1, 3, 10)
+    draw = np.random.default_rng(derive_seed(0, "attack-noise", 1, 3, "w")).standard_normal(2)
+    np.testing.assert_allclose(out["w"], (np.array([1.0, 2.0]) + 0.5 * draw).astype(np.float32))
+    again = attacks.attack_upload(UPLOAD, RECEIVED, cfg, 1, 3, 10)
+    np.testing.assert_array_equal(out["w"], again["w"])
+    assert not np.array_equal(out["w"], attacks.attack_upload(UPLOAD, RECEIVED, cfg, 1, 4,
+                                                              10)["w"])
+
+
+def test_colluders_send_the_same_crafted_upload():
+    cfg = cfg_of(method="fedavg", arch_mix="cnn5", num_clients=4, attack="collude",
+                 malicious_clients="1,2", attack_noise_std=2.0)
+    a = attacks.attack_upload(UPLOAD, RECEIVED, cfg, 1, 3, 10)
+    b = attacks.attack_upload({"w": np.array([7.0, -7.0], np.float32),
+                               "labels": UPLOAD["labels"]}, RECEIVED, cfg, 2, 3, 10)
+    np.testing.assert_array_equal(a["w"], b["w"])
+    draw = np.random.default_rng(derive_seed(0, "attack-collude", 3, "w")).standard_normal(2)
+    np.testing.assert_allclose(a["w"], (0.5 + 2.0 * draw).astype(np.float32))
+
+
+def test_colluders_agree_per_class_whatever_classes_they_hold():
+    layout = UploadLayout(labels="labels", rows=("logits",))
+    one = {"labels": np.array([0, 3]), "logits": np.zeros((2, 4), np.float32)}
+    two = {"labels": np.array([3]), "logits": np.ones((1, 4), np.float32)}
+    rows = [attacks.collusion_noise(0, 1, "logits", p["logits"].shape,
+                                    attacks.row_classes("logits", p, layout)) for p in (one, two)]
+    np.testing.assert_array_equal(rows[0][1], rows[1][0])  # class 3 in both
+
+
+def test_targeted_points_every_class_row_at_the_target():
+    layout = UploadLayout(labels="labels", rows=("features", "logits"), logits=("logits",))
+    upload = {"labels": np.array([0, 1, 2], np.int32),
+              "features": np.array([[1.0, 0.0], [2.0, 0.0], [3.0, 3.0]], np.float32),
+              "logits": np.array([[5.0, 1.0, 0.0], [0.0, 5.0, 1.0], [0.0, 0.0, 5.0]],
+                                 np.float32)}
+    out = attacks.targeted(upload, layout, 2, 3)
+    np.testing.assert_array_equal(out["features"], [[3, 3], [3, 3], [3, 3]])
+    # Row c has its columns c and 2 swapped: class c's logits now peak at the target.
+    np.testing.assert_array_equal(out["logits"], [[0, 1, 5], [0, 1, 5], [0, 0, 5]])
+    np.testing.assert_array_equal(out["labels"], [0, 1, 2])
+
+
+def test_targeted_on_prototypes_named_by_class():
+    layout = UploadLayout(class_in_name=r"class-(\d+)/")
+    upload = {"class-0/n-5": np.array([1.0, 1.0], np.float32),
+              "class-4/n-7": np.array([9.0, 8.0], np.float32)}
+    out = attacks.targeted(upload, layout, 4, 10)
+    np.testing.assert_array_equal(out["class-0/n-5"], [9.0, 8.0])
+    np.testing.assert_array_equal(out["class-4/n-7"], [9.0, 8.0])
+    assert list(out) == list(upload)  # the names, hence the counts, are kept
+
+
+def test_fixed_arrays_are_left_to_their_constraint():
+    cfg = cfg_of(method="fedre", attack="sign-flip", malicious_clients="0")
+    upload = {"representation": np.array([1.0, -1.0], np.float32),
+              "weights": np.array([0.25, 0.75], np.float32), "labels": np.array([1, 2])}
+    out = attacks.attack_upload(upload, {}, cfg, 0, 1, 10)
+    np.testing.assert_array_equal(out["representation"], [-1.0, 1.0])
+    np.testing.assert_array_equal(out["weights"], [0.25, 0.75])  # still sums to 1
+
+
+def test_label_flip():
+    np.testing.assert_array_equal(attacks.flip_labels(np.array([0, 1, 9]), 10), [9, 8, 0])
+
+
+# -- who attacks ---------------------------------------------------------------------------------
+def test_the_malicious_draw_is_seeded_and_stable():
+    cfg = cfg_of(method="fedavg", arch_mix="cnn5", num_clients=10, attack="scale",
+                 malicious_fraction=0.25)
+    drawn = attacks.malicious_partitions(cfg)
+    assert len(drawn) == 3  # 2.5 clients, rounded half up
+    assert drawn == attacks.malicious_partitions(cfg)
+    # Pinned: a change of the draw changes which clients every recorded run called malicious.
+    assert sorted(drawn) == sorted(int(p) for p in np.random.default_rng(
+        derive_seed(0, "malicious")).choice(10, 3, replace=False))
+    other = cfg_of(method="fedavg", arch_mix="cnn5", num_clients=10, attack="scale",
+                   malicious_fraction=0.25, seed=1)
+    assert len(attacks.malicious_partitions(other)) == 3
+    named = cfg_of(method="fedavg", arch_mix="cnn5", num_clients=10, attack="scale",
+                   malicious_clients="7,2")
+    assert attacks.malicious_partitions(named) == {2, 7}
+    assert attacks.malicious_partitions(cfg_of(method="fedavg", arch_mix="cnn5")) == set()
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    ({"attack": "scale"}, "has no client to run it"),
+    ({"malicious_fraction": 0.5}, "attack = 'none'"),
+    ({"attack": "scale", "malicious_clients": "0,9"}, "malicious-clients"),
+    ({"attack": "scale", "malicious_clients": "0", "malicious_fraction": 0.5}, "both set"),
+    ({"robust_aggregation": "norm-bound"}, "robust-norm-bound"),
+    ({"robust_aggregation": "trimmed-mean", "robust_trim_fraction": 0.5}, "below 0.5"),
+])
+def test_bad_attack_and_rule_settings_are_refused(overrides, reason):
+    with pytest.raises(ConfigError, match=reason):
+        cfg_of(method="fedavg", arch_mix="cnn5", num_clients=4, **overrides)
+
+
+# -- refused combinations, one rule for every method ------------------------------------------
+@pytest.mark.parametrize("method, overrides, reason", [
+    ("fedgh", {"robust_aggregation": "median"},
+     "invalid for method 'fedgh': its server combines server-training payloads"),
+    ("fedproto", {"robust_aggregation": "krum"},
+     "invalid for method 'fedproto': its server combines class-rows payloads"),
+    ("felo", {"robust_aggregation": "norm-bound", "robust_norm_bound": 1.0},
+     "invalid for method 'felo': its server combines class-rows"),
+    ("standalone", {"robust_aggregation": "median"}, "combines no uploads"),
+    ("fedavg", {"attack": "targeted", "malicious_clients": "0", "arch_mix": "cnn5"},
+     "invalid for method 'fedavg': it poisons per-class rows"),
+    ("fedavg", {"robust_aggregation": "krum", "arch_mix": "cnn5", "num_clients": 4},
+     "Krum needs more than 4 uploads in each average, and all has 4 clients"),
+    ("fedper", {"robust_aggregation": "krum", "num_clients": 10, "robust_krum_f": 1},
+     "cnn1 has 2 clients"),
+    ("fedhe", {"robust_aggregation": "median"}, "fedhe.history = 'latest-per-client'"),
+    ("compfl", {"robust_aggregation": "median", "server_loop": "walk"}, "combines nothing"),
+])
+def test_a_rule_that_cannot_apply_is_refused_before_the_run(method, overrides, reason):
+    with pytest.raises(ConfigError, match=reason.replace("(", r"\(")):
+        cfg_of(method=method, **overrides)
+
+
+def test_rules_that_apply_are_accepted():
+    cfg_of(method="fedproto", robust_aggregation="median")
+    cfg_of(method="fedhe", robust_aggregation="geomed", **{"fedhe.history": "latest-per-client"})
+    cfg_of(method="fedper", robust_aggregation="trimmed-mean")
+    cfg_of(method="fedavg", arch_mix="cnn5", num_clients=5, robust_aggregation="krum")
+
+
+# -- the robust rules against hand-computed values --------------------------------------------
+def _payloads(*rows):
+    return [{"v": np.array(r, np.float32)} for r in rows]
+
+
+def test_coordinate_median_of_three_vectors():
+    out = robust_average(_payloads([1, 2], [3, 0], [100, -50]), [1, 1, 1], Robust("median"))
+    np.testing.assert_array_equal(out["v"], [3.0, 0.0])
+    assert out["v"].dtype == np.float32
+
+
+def test_trimmed_mean_cuts_beta_n_values_at_each_end():
+    rows = _payloads([1, 10], [2, 20], [3, 30], [4, 40], [1000, -1000])
+    out = robust_average(rows, [1] * 5, Robust("trimmed-mean", trim_fraction=0.2))
+    # Per coordinate: {1,2,3,4,1000} -> mean(2,3,4) = 3; {10,20,30,40,-1000} -> 20.
+    np.testing.assert_allclose(out["v"], [3.0, 20.0])
+
+
+def test_krum_picks_an_honest_upload_and_multi_krum_averages_the_honest_ones():
+    honest = [[0.0, 0.0], [0.1, 0.0], [0.0, 0.1], [0.1, 0.1]]
+    rows = _payloads(*honest, [50.0, 50.0])
+    krum = robust_average(rows, [1] * 5, Robust("krum", krum_f=1))["v"]
+    assert any(np.allclose(krum, h) for h in honest)
+    multi = robust_average(rows, [1] * 5, Robust("multi-krum", krum_f=1))["v"]
+    np.testing.assert_allclose(multi, [0.05, 0.05], atol=1e-7)
+
+
+def test_geometric_median():
+    # On a line, the geometric median is the median; of a square's corners, its centre.
+    np.testing.assert_allclose(geometric_median(np.array([[0.0], [1.0], [10.0]])), [1.0],
+                               atol=1e-4)
+    corners = np.array([[0.0, 0.0], [2.0, 0.0], [0.0, 2.0], [2.0, 2.0]])
+    np.testing.assert_allclose(geometric_median(corners), [1.0, 1.0], atol=1e-6)
+    # Three at one point outweigh any one far away: the estimate stays there.
+    out = robust_average(_payloads([1, 1], [1, 1], [1, 1], [1000, -1000]), [1] * 4,
+                         Robust("geomed"))
+    np.testing.assert_allclose(out["v"], [1.0, 1.0], atol=1e-3)
+
+
+def test_norm_bound_clips_each_upload_towards_the_reference():
+    out = robust_average(_payloads([3, 4], [0, 0]), [1, 1], Robust("norm-bound", norm_bound=1),
+                         reference={"v": np.zeros(2, np.float32)})
+    np.testing.assert_allclose(out["v"], [0.3, 0.4])  # (0.6, 0.8) and (0, 0), averaged
+
+
+def test_rule_none_is_the_weighted_average_exactly_and_integers_stay_integers():
+    rows = [{"v": np.array([0.1, 0.7], np.float32), "n": np.array([3])},
+            {"v": np.array([0.3, 0.2], np.float32), "n": np.array([6])}]
+    plain = robust_average(rows, [2, 5], Robust())
+    expected = weighted_average(rows, [2, 5])
+    assert all(np.array_equal(plain[k], expected[k]) for k in expected)
+    median = robust_average(rows + [{"v": np.array([9.0, 9.0], np.float32),
+                                     "n": np.array([4])}], [1, 1, 1], Robust("median"))
+    assert median["n"].dtype == np.int64 and median["n"][0] == 4
+
+
+def test_a_group_too_small_for_the_rule_is_named(caplog):
+    with caplog.at_level(logging.WARNING):
+        out = robust_average_per_group(["cnn1", "cnn1", "cnn2", "cnn2", "cnn2"],
+                                       _payloads([0], [2], [1], [2], [90]), [1] * 5,
+                                       Robust("median"))
+    np.testing.assert_allclose(out["cnn1"]["v"], [1.0])  # the median of two: their mean
+    np.testing.assert_allclose(out["cnn2"]["v"], [2.0])
+    assert "group cnn1: 2 uploads" in caplog.text and "cnn2" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        krum = robust_average(_payloads([0], [1], [2]), [1] * 3, Robust("krum", krum_f=1))
+    np.testing.assert_allclose(krum["v"], [1.0])  # too few for Krum: the median
+    assert "needs more than 4" in caplog.text
+
+
+def test_per_class_rules_over_the_holders_of_each_class(caplog):
+    rows = {0: [np.array([1.0, 0.0]), np.array([2.0, 0.0]), np.array([90.0, 90.0])],
+            3: [np.array([5.0, 5.0])]}
+    with caplog.at_level(logging.WARNING):
+        out = robust_class_means(rows, Robust("median"))
+    np.testing.assert_array_equal(out[0], [2.0, 0.0])
+    np.testing.assert_array_equal(out[3], [5.0, 5.0])
+    assert "too few holders to protect 3 (1)" in caplog.text
+
+
+# -- records -------------------------------------------------------------------------------------
+def test_runs_record_who_attacked_and_the_honest_mean(tmp_path):
+    strategy = make_strategy("lg-fedavg", num_clients=3, attack="sign-flip",
+                             malicious_clients="1")
+    evals = [{"partition-id": 0, "arch": "cnn5", "accuracy": 0.8},
+             {"partition-id": 1, "arch": "cnn4", "accuracy": 0.1},
+             {"partition-id": 2, "arch": "cnn3", "accuracy": 0.6}]
+    assert strategy.attack_record(evals) == {"malicious_clients": [1],
+                                             "honest_accuracy_mean": pytest.approx(0.7)}
+    assert make_strategy("lg-fedavg").attack_record(evals) == {}
+    recorder = Recorder(tmp_path / "run", method="lg-fedavg", dataset="synthetic",
+                        num_clients=3, num_rounds=1, config={}, partition={})
+    strategy.recorder = recorder
+    strategy._evaluated = [0, 1, 2]
+    strategy._finish_round(1, evals)
+    summary = recorder.summary()
+    assert summary["malicious_clients"] == [1]
+    assert summary["accuracy"]["honest_mean"] == pytest.approx(0.7)
+    assert summary["accuracy"]["mean"] == pytest.approx(0.5)
+    assert recorder.history[0]["honest_accuracy_mean"] == pytest.approx(0.7)
+
+
+# -- in process: one attacker, the plain average and the robust rule --------------------------
+SMALL = dict(dataset="synthetic", synthetic_train=250, synthetic_test=50, num_clients=5,
+             partition="iid", max_samples_per_client=0, model_width=0.25, feature_dim=64,
+             num_server_rounds=1)
+
+
+def _round(method, **overrides):
+    """One round of a 5-client federation in which partition 4 attacks: what each client
+    uploaded (as the server received it) and the server's state afterwards."""
+    fed = InProcessFederation(method, **SMALL, malicious_clients="4", **overrides)
+    seen = fed.fit_round(1)
+    return {pid: from_ndarrays(_arrays(res)) for pid, (_, res) in seen.items()}, fed.strategy
+
+
+def _arrays(res):
+    from flwr.common import parameters_to_ndarrays
+    return parameters_to_ndarrays(res.parameters)
+
+
+def _distance(a, b):
+    return float(np.sqrt(sum(np.sum((a[k].astype(np.float64) - b[k]) ** 2) for k in a
+                             if a[k].dtype.kind == "f")))
+
+
+@pytest.mark.parametrize("rule", ["median", "trimmed-mean", "multi-krum", "geomed"])
+def test_a_scaling_client_drags_the_head_average_and_the_robust_rule_does_not(rule):
+    attack = dict(attack="scale", attack_scale=100.0, arch_mix="cnn5",
+                  robust_trim_fraction=0.2)
+    uploads, plain = _round("lg-fedavg", **attack)
+    _, robust = _round("lg-fedavg", robust_aggregation=rule, **attack)
+    honest = weighted_average([uploads[p] for p in range(4)], [1, 1, 1, 1])
+    far = _distance(plain.global_head, honest)
+    near = _distance(robust.global_head, honest)
+    spread = max(_distance(uploads[p], honest) for p in range(4))
+    assert far > 10 * spread  # the attacker moved the plain average far beyond the honest
+    assert near <= spread     # the rule stays among the honest uploads
+
+
+def test_a_sign_flipping_client_and_fedavg_with_norm_bound():
+    attack = dict(attack="sign-flip", arch_mix="cnn5")
+    uploads, plain = _round("fedavg", **attack)
+    start = make_strategy("fedavg", **SMALL, arch_mix="cnn5").global_model
+    _, bounded = _round("fedavg", robust_aggregation="norm-bound", robust_norm_bound=1e-4,
+                        **attack)
+    # Every update clipped to 1e-4: the average moves at most that far from the start.
+    assert _distance(bounded.global_model, start) <= 1e-4 + 1e-6
+    assert _distance(plain.global_model, start) > 1e-3
+
+
+def test_scaled_prototypes_drag_fedproto_and_the_per_class_median_does_not():
+    attack = dict(attack="scale", attack_scale=50.0)
+    uploads, plain = _round("fedproto", **attack)
+    _, robust = _round("fedproto", robust_aggregation="median", **attack)
+    for c in sorted(plain.global_prototypes):
+        honest = [v for p in range(4) for name, v in uploads[p].items()
+                  if name.startswith(f"class-{c}/")]
+        low, high = np.min(honest, 0), np.max(honest, 0)
+        assert np.all(robust.global_prototypes[c] >= low - 1e-6)
+        assert np.all(robust.global_prototypes[c] <= high + 1e-6)
+        assert np.max(plain.global_prototypes[c] - high) > 1.0  # dragged out of that range
+
+
+def test_a_label_flipping_client_trains_on_flipped_labels():
+    fed = InProcessFederation("lg-fedavg", **SMALL, arch_mix="cnn5", attack="label-flip",
+                              malicious_clients="2")
+    honest = InProcessFederation("lg-fedavg", **SMALL, arch_mix="cnn5")
+    np.testing.assert_array_equal(fed.client(2).data.train_y.numpy(),
+                                  9 - honest.client(2).data.train_y.numpy())
+    np.testing.assert_array_equal(fed.client(2).data.test_y.numpy(),
+                                  honest.client(2).data.test_y.numpy())
+    np.testing.assert_array_equal(fed.client(1).data.train_y.numpy(),
+                                  honest.client(1).data.train_y.numpy())
+
+
+# -- every method: attacked uploads pass the checks; every rule that applies runs --------------
+def _smoke(method):
+    from tests.test_hostile_uploads import small_smoke_overrides
+    return small_smoke_overrides(method)
+
+
+def _attack_for(method):
+    """The harshest attack the method takes: targeted where its upload has per-class rows."""
+    from strategies import METHODS
+    return "targeted" if METHODS[method].upload_layout.per_class else "scale"
+
+
+@pytest.mark.parametrize("method", sorted(__import__("strategies").METHODS))
+def test_every_methods_attacked_upload_passes_the_servers_checks(method):
+    # FedKD's factors are scaled as sent, so its update by the cube: 1e6 would be refused
+    # after decoding (the bound holds on what the server uses), 10 is not.
+    scale = 10.0 if method == "fedkd" else 1e6
+    fed = InProcessFederation(method, **_smoke(method), attack=_attack_for(method),
+                              attack_scale=scale, malicious_clients="2")
+    fed.fit_round(1)
+    assert fed.strategy._counts["rejected"] == 0  # well-formed: it is the point
+    assert fed.strategy._counts["clients_fit"] == 3
+
+
+def _robust_methods():
+    from strategies import METHODS
+    accepted = []
+    for method in sorted(METHODS):
+        try:
+            cfg_of(method=method, robust_aggregation="median", **_smoke(method),
+                   **({"fedhe.history": "latest-per-client"} if method == "fedhe" else {}))
+        except ConfigError:
+            continue
+        accepted.append(method)
+    return accepted
+
+
+@pytest.mark.parametrize("method", _robust_methods())
+def test_every_method_that_takes_the_median_runs_a_round_with_an_attacker(method):
+    extra = {"fedhe.history": "latest-per-client"} if method == "fedhe" else {}
+    fed = InProcessFederation(method, **_smoke(method), attack="collude", malicious_clients="2",
+                              robust_aggregation="median", **extra)
+    for rnd in (1, 2):
+        fed.fit_round(rnd)
+    for payload in (fed.strategy.fit_payload(3, info) for info in fed.strategy.clients.values()):
+        assert all(np.all(np.isfinite(a)) for a in payload.values())
