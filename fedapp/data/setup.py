@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
 from client_models import HeteroModel, assign_architectures, build_model
 from fedapp.config import RunConfig
 from fedapp.data.datasets import TensorData, load_dataset
@@ -57,6 +59,20 @@ def public_set(cfg: RunConfig, labels: bool = True) -> PublicSet:
 @functools.lru_cache(maxsize=4)
 def _unlabelled(public: PublicSet) -> PublicSet:
     return public.without_labels()  # one object per public set, as the labelled one
+
+
+@functools.lru_cache(maxsize=2)
+def global_test(cfg: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global test subset (on the CPU): ``global-test-samples`` of the dataset's test
+    split (0 = all) in an order drawn from ``(seed, "global-test")``, the same in every
+    process, so that the clients' ``eval-global-test`` and the server's own models are
+    scored on the same images. Loaded once per process."""
+    data = dataset(cfg)
+    n = len(data.test_y)
+    take = n if cfg.global_test_samples == 0 else min(n, cfg.global_test_samples)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(
+        derive_seed(cfg.seed, "global-test")))[:take]
+    return data.test_x[order], data.test_y[order]
 
 
 def partition_spec(cfg: RunConfig) -> PartitionSpec:

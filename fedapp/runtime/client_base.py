@@ -228,15 +228,12 @@ def _device_data(cfg: RunConfig, partition_id: int, device: str,
 
 @functools.lru_cache(maxsize=2)
 def _global_test(cfg: RunConfig, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global test subset of ``eval-global-test`` on ``device``: the same for every client,
-    so their global accuracies are comparable, and kept once per process for all of them. A
-    node with its own data-dir loads the shared dataset only for this."""
-    data = setup.dataset(cfg)
-    n = len(data.test_y)
-    take = n if cfg.global_test_samples == 0 else min(n, cfg.global_test_samples)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(
-        derive_seed(cfg.seed, "global-test")))[:take]
-    return data.test_x[order].to(device), data.test_y[order].to(device)
+    """The global test subset of ``eval-global-test`` (:func:`setup.global_test`) on
+    ``device``: the same for every client, so their global accuracies are comparable, and kept
+    once per process for all of them. A node with its own data-dir loads the shared dataset
+    only for this."""
+    x, y = setup.global_test(cfg)
+    return x.to(device), y.to(device)
 
 
 class FedClient(NumPyClient):

@@ -108,7 +108,8 @@ class Recorder:
             accuracy = "not evaluated"
         loss = record.get("train_loss")
         return (f"{PROGRESS_TAG} round {record['round']}/{self.num_rounds} | accuracy "
-                f"{accuracy} | train loss {'n/a' if loss is None else f'{loss:.4f}'} | "
+                f"{accuracy} | train loss {'n/a' if loss is None else f'{loss:.4f}'}"
+                f"{format_server_accuracy(record.get('server_accuracy', {}))} | "
                 f"clients {record['clients_fit']}/{record.get('clients_sampled', '?')} | up "
                 f"{human_bytes(record['bytes_up'])} down {human_bytes(record['bytes_down'])} | "
                 f"{record['seconds']:.1f} s | ETA {eta:.0f} s")
@@ -155,6 +156,12 @@ class Recorder:
             accuracy["global_per_client"] = last.get("global_per_client", {})
         if "variants" in last:
             accuracy["variants"] = last["variants"]
+        # The server's own models (a method's server_predict) as of the last round they were
+        # scored in: the clients' last evaluated round, unless no client could be evaluated.
+        server = next((h["server_accuracy"] for h in reversed(self.history)
+                       if "server_accuracy" in h), None)
+        if server is not None:
+            accuracy["server"] = server
         malicious = next((h["malicious_clients"] for h in reversed(self.history)
                           if "malicious_clients" in h), None)
         if malicious is not None:
@@ -245,9 +252,11 @@ def plot_runs(summaries: Sequence[dict[str, Any]], path: Path, labels: Sequence[
 
 
 def round_record(server_round: int, evals: Sequence[dict[str, Any]], traffic: dict[str, int],
-                 counts: dict[str, int], seconds: float, client_seconds: float = 0.0
-                 ) -> dict[str, Any]:
-    """One ``rounds.jsonl`` line from the clients' evaluation metrics and the round's traffic."""
+                 counts: dict[str, int], seconds: float, client_seconds: float = 0.0,
+                 server_accuracy: dict[str, float] | None = None) -> dict[str, Any]:
+    """One ``rounds.jsonl`` line from the clients' evaluation metrics and the round's traffic;
+    ``server_accuracy`` ({name: accuracy} of the models the server holds, on the global test
+    set) only where the method has any: other records stay as they were."""
     per_client = {str(e["partition-id"]): float(e["accuracy"]) for e in evals}
     by_arch: dict[str, list[float]] = {}
     for e in evals:
@@ -277,9 +286,24 @@ def round_record(server_round: int, evals: Sequence[dict[str, Any]], traffic: di
         for name, values in sorted(variants.items()):
             v_mean, v_std = _mean_std(list(values.values()))
             record["variants"][name] = {"mean": v_mean, "std": v_std, "per_client": values}
+    if server_accuracy:
+        record["server_accuracy"] = {str(k): float(v) for k, v in server_accuracy.items()}
     if math.isnan(mean):
         record["accuracy_mean"] = record["accuracy_std"] = None
     return record
+
+
+def format_server_accuracy(accuracy: dict[str, float]) -> str:
+    """The progress line's part for the server's own models: ' | server 0.8123' for one,
+    named when several, their mean beyond three (the record holds each)."""
+    if not accuracy:
+        return ""
+    if len(accuracy) == 1:
+        (name, value), = accuracy.items()
+        return f" | server {value:.4f}" if name == "server" else f" | server {name} {value:.4f}"
+    if len(accuracy) <= 3:
+        return " | server " + ", ".join(f"{k} {v:.4f}" for k, v in accuracy.items())
+    return f" | server mean {np.mean(list(accuracy.values())):.4f} of {len(accuracy)} models"
 
 
 def plot_timeline(updates: Sequence[dict[str, Any]], evaluations: Sequence[float], path: Path,

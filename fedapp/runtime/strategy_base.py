@@ -17,7 +17,9 @@ A method overrides :meth:`FedStrategy.fit_payload`, :meth:`FedStrategy.upload_sp
 :meth:`FedStrategy.check_upload`, and :meth:`FedStrategy.decode_upload` when its maths consumes
 something other than the arrays as sent),
 :meth:`FedStrategy.aggregate` and, if it sends something for evaluation,
-:meth:`FedStrategy.eval_payload`.
+:meth:`FedStrategy.eval_payload`; a method whose server holds models of its own (a global model,
+a distilled student) returns their logits from :meth:`FedStrategy.server_predict`, and the base
+scores them on the global test set on every evaluated round (``server_accuracy``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from logging import INFO, WARNING
 from typing import Any, Callable, Mapping
 
 import numpy as np
+import torch
 from flwr.common import (EvaluateIns, EvaluateRes, FitIns, FitRes, GetPropertiesIns,
                          Parameters, Scalar)
 from flwr.common.logger import log
@@ -48,8 +51,10 @@ from fedapp.runtime.class_stats import robust_class_means
 from fedapp.runtime.payload import (ArraySpec, Payload, PayloadError, WireSize, check_layout,
                                     check_values, encode, float32, load, read_headers, to_wire,
                                     validate, wire_size)
-from fedapp.runtime.results import Recorder, format_accuracy, round_record
+from fedapp.runtime.results import (Recorder, format_accuracy, format_server_accuracy,
+                                    round_record)
 from fedapp.runtime.speeds import update_duration
+from fedapp.runtime.training import EVAL_BATCH
 from fedapp.seeding import derive_seed
 
 
@@ -277,6 +282,15 @@ class FedStrategy(Strategy):
 
     def eval_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
         """What to send a client before evaluation (default: nothing)."""
+        return {}
+
+    def server_predict(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The logits of the models the server holds, by name, on a batch of global test
+        inputs; {} (the default) = none, the method is evaluated on its clients only.
+
+        ``x`` [B, *input_shape] is on the CPU; each value must be [B, C]. The base calls it
+        under ``torch.no_grad`` on every evaluated round (:meth:`server_accuracy`); the method
+        puts its models in eval mode."""
         return {}
 
     # -- helpers for methods -------------------------------------------------------------------
@@ -557,13 +571,41 @@ class FedStrategy(Strategy):
                                f"({known.arch}) and now claims {pid} ({arch})")
         return info
 
+    def evaluation_round(self, server_round: int) -> bool:
+        """Whether ``server_round`` is evaluated: every ``eval-every`` rounds, and the last."""
+        return not server_round % self.cfg.eval_every \
+            or server_round == self.cfg.num_server_rounds
+
+    def server_accuracy(self) -> dict[str, float]:
+        """{name: accuracy} of the server's own models (:meth:`server_predict`) on the global
+        test set (``global-test-samples`` of it, loaded once per process), in batches of
+        ``EVAL_BATCH``; {} when the method holds none. Deterministic: no random draw."""
+        if type(self).server_predict is FedStrategy.server_predict:
+            return {}  # a method without server models never loads the global test set
+        x, y = setup.global_test(self.cfg)
+        correct: dict[str, int] = {}
+        with torch.no_grad():
+            for start in range(0, len(y), EVAL_BATCH):
+                logits = self.server_predict(x[start:start + EVAL_BATCH])
+                if not logits:
+                    return {}  # none this round (e.g. not built yet)
+                want = y[start:start + EVAL_BATCH]
+                for name, out in logits.items():
+                    if tuple(out.shape) != (len(want), self.num_classes):
+                        raise ValueError(f"server_predict gave {name!r} logits of shape "
+                                         f"{tuple(out.shape)}, expected "
+                                         f"{(len(want), self.num_classes)}")
+                    hits = int((out.argmax(1).cpu() == want).sum())
+                    correct[name] = correct.get(name, 0) + hits
+        return {name: hits / len(y) for name, hits in sorted(correct.items())} if len(y) else {}
+
     def evaluation_clients(self, server_round: int, available: list[ClientProxy]
                            ) -> list[ClientProxy]:
         """Who is evaluated this round: nobody between ``eval-every`` rounds (the last round
         always is), else ``fraction-evaluate`` of the eligible clients (all, or the round's
         participants), drawn from (seed, round) so that a seed fixes the schedule."""
         cfg = self.cfg
-        if server_round % cfg.eval_every and server_round != cfg.num_server_rounds:
+        if not self.evaluation_round(server_round):
             return []
         pool = available if cfg.eval_clients == "all" else \
             [p for p in available if p.cid in self._sampled]
@@ -629,6 +671,9 @@ class FedStrategy(Strategy):
         traffic = {"bytes_up": up.data, "bytes_down": down.data, "framing_up": up.framing,
                    "framing_down": down.framing, "eval_bytes_down": self._eval_down}
         client_seconds = self._client_seconds + sum(_seconds(e, "eval-seconds") for e in evals)
+        # The server's own models, on the rounds its clients are evaluated (counted in
+        # server_seconds: it is the strategy's work).
+        server = self.server_accuracy() if self.evaluation_round(server_round) else {}
         who = {"clients_sampled": len(self._sampled), "failed_clients": self._failed,
                "rejected_clients": sorted(self._rejected), "evaluated": self._evaluated,
                "empty_round": self._empty,
@@ -643,7 +688,8 @@ class FedStrategy(Strategy):
                "server_seconds": self._server_seconds + time.perf_counter()
                - self._phase_started}
         record = round_record(server_round, evals, traffic, {**self._counts, **who},
-                              time.time() - self._round_started, client_seconds)
+                              time.time() - self._round_started, client_seconds,
+                              server_accuracy=server)
         if self.recorder is None:
             return
         log(INFO, self.recorder.record_round(record))
@@ -655,8 +701,9 @@ class FedStrategy(Strategy):
         if server_round == self.recorder.num_rounds:
             summary = self.recorder.finish()
             acc = summary["accuracy"]
-            log(INFO, "[fedapp] done: accuracy %s over %d clients; results in %s",
+            log(INFO, "[fedapp] done: accuracy %s over %d clients%s; results in %s",
                 format_accuracy(acc["mean"], acc["std"]), len(acc["per_client"]),
+                format_server_accuracy(acc.get("server", {})).replace(" |", ","),
                 self.recorder.run_dir)
 
     def attack_record(self, evals: list[dict[str, Any]]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ TAGS = {
     "per_architecture": "accuracy/architecture",
     "global_accuracy_mean": "accuracy/global_mean", "global_accuracy_std": "accuracy/global_std",
     "variants": "accuracy/variant",
+    "server_accuracy": "server_accuracy",  # {name: accuracy}: server_accuracy/<name>
     "train_loss": "loss/train", "train_terms": "loss/term",
     "bytes_up": "traffic/bytes_up", "bytes_down": "traffic/bytes_down",
     "framing_up": "traffic/framing_up", "framing_down": "traffic/framing_down",
