@@ -169,8 +169,8 @@ class DSFL(FedStrategy):
             raise PayloadError("probabilities outside [0, 1]")
         sums = p.sum(axis=1)
         if p.size and np.abs(sums - 1.0).max() > SUM_TOLERANCE:
-            raise PayloadError(f"a row of probabilities sums to {sums[np.argmax(abs(sums - 1))]:.6g}"
-                               ", not 1")
+            row = int(np.argmax(np.abs(sums - 1.0)))
+            raise PayloadError(f"row {row} of the probabilities sums to {sums[row]:.6g}, not 1")
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
         # p̄: each sender counts once (SCARLET's mean over the senders of each index; every
