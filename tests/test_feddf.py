@@ -90,6 +90,15 @@ def test_distillation_moves_the_student_towards_the_ensemble():
     torch.testing.assert_close(teachers[0].weight, torch.tensor([[2.0, 0.0], [0.0, 0.0]]))
 
 
+def test_steps_a_broken_teacher_makes_non_finite_are_skipped():
+    # A teacher whose outputs are NaN (e.g. a negative BatchNorm variance in eval mode).
+    teachers = [_linear([[math.nan, 0.0], [0.0, 0.0]], [0.0, 0.0])]
+    student = _linear([[0.0, 1.0], [1.0, 0.0]], [0.0, 0.0])
+    done = distil(student, teachers, torch.ones(8, 2), FedDFSettings(server_steps=3), 4, 0)
+    assert done["skipped"] == 3 and math.isnan(done["loss"])
+    torch.testing.assert_close(student.weight, torch.tensor([[0.0, 1.0], [1.0, 0.0]]))
+
+
 def test_early_stopping_keeps_the_best_validated_student():
     teachers = [_linear([[2.0, 0.0], [0.0, 0.0]], [1.0, 0.0])]
     x = torch.randn(16, 2, generator=torch.Generator().manual_seed(1))

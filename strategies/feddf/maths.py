@@ -167,8 +167,12 @@ class FedDF(FedStrategy):
             arch: state_arrays(self.new_model(arch)) for arch in sorted(set(self.architectures))}
         # What the last aggregation's distillation did, per architecture (steps, loss).
         self.distillation: dict[str, dict[str, float]] = {}
-        self._base_attributes.add("_predictors")  # a cache, not state to checkpoint
+        # server_predict's modules of self.models, rebuilt when a model changes.
         self._predictors: dict[str, tuple[Payload, torch.nn.Module]] = {}
+
+    def method_state(self) -> dict:
+        # The predictors are a cache of self.models, not state: a resumed run rebuilds them.
+        return {k: v for k, v in super().method_state().items() if k != "_predictors"}
 
     def fit_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
         # One dict per architecture: encoded once per round for all its clients.
