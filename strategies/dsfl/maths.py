@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from fedapp.data import setup
+from fedapp.data.public import round_subset
 from fedapp.runtime.client_base import FedClient
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -48,10 +49,8 @@ SUM_TOLERANCE = 1e-3
 
 
 def open_set(seed: int, server_round: int, public_size: int, size: int) -> np.ndarray:
-    """A_t: ``size`` distinct open indices, sorted, int32, drawn from ``(seed, "dsfl-open",
-    round)`` — what the server and every client compute alike, so it need not travel."""
-    rng = np.random.default_rng(derive_seed(seed, "dsfl-open", server_round))
-    return np.sort(rng.choice(public_size, size, replace=False)).astype(np.int32)
+    """The round's subset, keyed by ``(seed, "dsfl-open", round)``."""
+    return round_subset(seed, "dsfl-open", server_round, public_size, size)
 
 
 def entropy_reduction(mean: np.ndarray, temperature: float) -> np.ndarray:

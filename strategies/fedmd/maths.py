@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from flwr.app import ConfigRecord
 
 from fedapp.data import setup
+from fedapp.data.public import round_subset
 from fedapp.runtime.client_base import FedClient
 from fedapp.runtime.payload import ArraySpec, Payload
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -54,10 +55,8 @@ MIN_DELTA = 0.001  # the code's EarlyStopping(min_delta=0.001)
 
 
 def alignment_set(seed: int, server_round: int, public_size: int, size: int) -> np.ndarray:
-    """A_t: ``size`` distinct public indices, sorted, int32, drawn from ``(seed,
-    "fedmd-alignment", round)`` — what the server and every client compute alike."""
-    rng = np.random.default_rng(derive_seed(seed, "fedmd-alignment", server_round))
-    return np.sort(rng.choice(public_size, size, replace=False)).astype(np.int32)
+    """The round's subset, keyed by ``(seed, "fedmd-alignment", round)``."""
+    return round_subset(seed, "fedmd-alignment", server_round, public_size, size)
 
 
 def digest_loss(logits: torch.Tensor, consensus: torch.Tensor, kind: str) -> torch.Tensor:
