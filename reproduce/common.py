@@ -233,20 +233,19 @@ def resource_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {"client-num-gpus": args.client_num_gpus} if args.client_num_gpus > 0 else {}
 
 
-# The order in which the pages list the methods: their tables' rows, and which method names a
-# recipe shared by several (the scoreboard's ``fedper-recipe``); a method not named here comes
-# after these, by name, so that a new method needs no entry.
+# The methods the tables of docs/defaults.md and docs/scoreboard.md hold, in their order (rows,
+# and which method names a recipe shared by several: the scoreboard's ``fedper-recipe``). A
+# method joins these pages with its runs: naming it here makes the scripts run what is missing,
+# with the settings it needs (the public-set methods need a ``public-source``).
 PAGE_ORDER = ("standalone", "fedavg", "lg-fedavg", "fedclassavg", "fedgh", "fedproto", "fedhe",
               "fedper", "fedrep", "compfl", "felo", "velo", "fedgen", "fedl2g", "fml", "fedmrl",
               "fedkd", "fd", "fedre", "fedtgp")
 
 
 def page_methods() -> dict[str, Any]:
-    """The registered methods (``strategies.METHODS``) in the pages' order."""
+    """The registered methods (``strategies.METHODS``) the pages' tables hold, in their order."""
     from strategies import METHODS
-    rank = {name: i for i, name in enumerate(PAGE_ORDER)}
-    return {name: METHODS[name]
-            for name in sorted(METHODS, key=lambda m: (rank.get(m, len(rank)), m))}
+    return {name: METHODS[name] for name in PAGE_ORDER}
 
 
 def training_caption(preset: str, overrides: Mapping[str, Any] = ()) -> str:
