@@ -18,16 +18,15 @@ Two families are defined here, after the reference code's ``resnet56_gkt`` model
   1-2-2) and no stem: its input is the clients' map. ``-resnet56`` is the reference's server
   ([6, 6, 6]); ``-resnet20`` is a CPU-sized stand-in with the same layout.
 
-``model-width`` scales every width, the stem's included (so the map's channels too). The
-stems of the other families are named in :data:`STEM_MODULES`: a FedGH CNN cut after conv1 +
-ReLU + max-pool emits 16x12x12 on 28x28 inputs, the same for CNN-1..5.
+``model-width`` scales every width, the stem's included (so the map's channels too). Where
+each family's stem ends, and the check that a mix's stems agree: ``client_models.stems``.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from .base import HeteroModel, ModelConfigError, finish_model, probe_output_shape, scale_channels
+from .base import HeteroModel, finish_model, probe_output_shape, scale_channels
 
 CLIENT_FAMILY = "gkt"
 SERVER_FAMILY = "gkt-server"
@@ -40,16 +39,6 @@ GKT_CLIENT_BLOCKS: dict[str, int] = {"gkt-resnet5": 1, "gkt-resnet8": 2, "gkt-re
 # Server models: Bottleneck blocks per stage (depth = 9 x blocks + 2, as the reference names
 # its ResNet-56 server, whose own stem is never used).
 GKT_SERVER_BLOCKS: dict[str, int] = {"gkt-server-resnet20": 2, "gkt-server-resnet56": 6}
-
-# Where each family's stem ends: the stem is the first ``n`` modules of the model's body
-# (``extractor[0]``, the convolutions before any flattening). A family not listed has no
-# stem FedGKT can cut at.
-STEM_MODULES: dict[str, int] = {
-    "fedgh-cnn": 3,   # conv1 5x5 (16 x width) -> ReLU -> max-pool 2: 16x12x12 on 28x28
-    "resnet": 3,      # conv 3x3 (64 x width) -> BN -> ReLU, full resolution
-    CLIENT_FAMILY: 3,  # conv 3x3 (16 x width) -> BN -> ReLU, full resolution
-}
-
 
 def build_gkt_client(arch: str, input_shape: tuple[int, int, int], num_classes: int,
                      feature_dim: int | None = None, width: float = 1.0) -> HeteroModel:
@@ -105,40 +94,3 @@ def _bottleneck_stage(in_channels: int, planes: int, blocks: int, stride: int) -
         stage.append(Bottleneck(in_channels, planes, stride=block_stride, downsample=shortcut))
         in_channels = out_channels
     return nn.Sequential(*stage)
-
-
-def stem(model: HeteroModel) -> nn.Sequential:
-    """The stem of ``model`` (sharing its modules): ``stem(model)(x)`` is the feature map that
-    FedGKT uploads. Raises ModelConfigError for a family without one."""
-    n = STEM_MODULES.get(model.family)
-    if n is None:
-        raise ModelConfigError(
-            f"architecture {model.arch!r} (family {model.family!r}) has no stem to cut at; "
-            f"families with one: {', '.join(STEM_MODULES)}")
-    return model.extractor[0][:n]
-
-
-def stem_shapes(archs: list[str], input_shape: tuple[int, int, int], num_classes: int,
-                feature_dim: int | None = None, width: float = 1.0) -> dict[str, tuple[int, ...]]:
-    """The feature-map shape ``(channels, height, width)`` each architecture's stem emits on
-    inputs of ``input_shape`` (raises ModelConfigError for one without a stem)."""
-    from .registry import build_model  # the registry imports this module
-    shapes = {}
-    for arch in dict.fromkeys(archs):
-        model = build_model(arch, input_shape, num_classes, feature_dim=feature_dim, width=width)
-        shapes[arch] = tuple(probe_output_shape(stem(model), input_shape, arch))
-    return shapes
-
-
-def common_stem_shape(archs: list[str], input_shape: tuple[int, int, int], num_classes: int,
-                      feature_dim: int | None = None, width: float = 1.0) -> tuple[int, ...]:
-    """The one feature-map shape every architecture's stem emits; ModelConfigError naming
-    each architecture's shape when they differ (one server model cannot take them all)."""
-    shapes = stem_shapes(archs, input_shape, num_classes, feature_dim, width)
-    if len(set(shapes.values())) > 1:
-        raise ModelConfigError(
-            "the architectures' stems emit feature maps of different shapes ("
-            + ", ".join(f"{a}: {'x'.join(map(str, s))}" for a, s in shapes.items())
-            + "), and one server model must take them all; use architectures whose stems "
-            "agree, e.g. cnn1..cnn5 (16x12x12 on 28x28) or gkt-resnet5/8/11 (16x28x28)")
-    return next(iter(shapes.values()))

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from client_models import build_model
-from client_models.gkt import common_stem_shape, stem
+from client_models.stems import common_stem_shape, stem
 from fedapp.config import ConfigError
 from fedapp.runtime import client_base
 from fedapp.runtime.client_base import MODEL_STATE_KEY

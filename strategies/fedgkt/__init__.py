@@ -14,7 +14,7 @@ class FedGKTSettings:
     """``fedgkt.*``: the server model, the two distillation terms and the server's training.
 
     The client's epochs are ``local-epochs`` (the paper's ``epochs_client``, set by the
-    recipe); where the client model is cut is its family's stem (``client_models.gkt``)."""
+    recipe); where the client model is cut is its family's stem (``client_models.stems``)."""
 
     server_arch: str = opt("gkt-server-resnet20", "the server model, any architecture of the "
                            "zoo built on the clients' stem map (gkt-server-resnet56: the "
@@ -72,7 +72,7 @@ class FedGKTSettings:
         """The map every client's stem emits, checked to be one shape that the server model
         builds on (raises client_models.ModelConfigError)."""
         from client_models import build_model
-        from client_models.gkt import common_stem_shape
+        from client_models.stems import common_stem_shape
         shape = common_stem_shape(archs, input_shape, num_classes, cfg.feature_dim or None,
                                   cfg.model_width)
         build_model(self.server_arch, shape, num_classes, width=cfg.model_width)

@@ -1,6 +1,6 @@
 """FedGKT (He, Annavaram, Avestimehr, NeurIPS 2020): group knowledge transfer.
 
-Each client model is cut after its stem (``client_models.gkt``): the stem's feature map H is
+Each client model is cut after its stem (``client_models.stems``): the stem's feature map H is
 what travels, and the rest of the model, head included, is the client's own small classifier
 path. Every stem of the federation emits the same map shape, since one server model g takes
 them all (the card refuses another mix before the run starts).
@@ -45,7 +45,7 @@ from flwr.common.logger import log
 
 from client_models import ModelConfigError, build_model
 from client_models.base import probe_output_shape
-from client_models.gkt import stem
+from client_models.stems import stem
 from fedapp.config import ConfigError, RunConfig
 from fedapp.data.setup import model_init_seed
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
