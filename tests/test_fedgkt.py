@@ -202,3 +202,33 @@ def test_every_gkt_client_emits_16_channels_at_full_resolution_and_cnns_16x12x12
                              C) == (16, 12, 12)
     server = build_model("gkt-server-resnet20", (16, 12, 12), C)
     assert server(torch.zeros(2, 16, 12, 12)).shape == (2, C)
+
+
+def test_robust_rules_are_refused_the_server_trains_on_each_upload():
+    with pytest.raises(ConfigError, match="server-training"):
+        cfg_of(method="fedgkt", robust_aggregation="median", **SMALL)
+
+
+def test_a_shuffled_server_order_follows_its_keyed_generator_and_the_weighting_its_setting():
+    def run(seed, **settings):
+        gen = torch.Generator().manual_seed(0)
+        parts = [(torch.randn(10, 2, 2, 2, generator=gen), torch.randn(10, C, generator=gen),
+                  torch.randint(0, C, (10,), generator=gen)) for _ in range(2)]
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(8, C))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        return train_server(model, optimizer, parts,
+                            FedGKTSettings(server_epochs=2, **settings), batch_size=4,
+                            generator=torch.Generator().manual_seed(seed))
+
+    shuffled = run(5, server_order="shuffled")
+    assert all(np.array_equal(a, b) for a, b in zip(shuffled, run(5, server_order="shuffled")))
+    assert not all(np.array_equal(a, b) for a, b in zip(shuffled,
+                                                         run(6, server_order="shuffled")))
+    # With alpha = 1 the paper's and the reference's server losses are the same sum.
+    paper = run(0, server_distill=True, server_weighting="paper")
+    code = run(0, server_distill=True, server_weighting="code")
+    assert all(np.allclose(a, b) for a, b in zip(paper, code))
+    halved = run(0, server_distill=True, server_weighting="code", alpha=0.5)
+    assert not all(np.allclose(a, b) for a, b in zip(halved, run(
+        0, server_distill=True, server_weighting="paper", alpha=0.5)))
