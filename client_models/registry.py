@@ -24,6 +24,8 @@ from .paper_cnns import (
 )
 from .fedpac_cnns import FAMILY as FEDPAC_FAMILY
 from .fedpac_cnns import FEDPAC_CNNS, build_fedpac_cnn
+from .gkt import (CLIENT_FAMILY as GKT_FAMILY, GKT_CLIENT_BLOCKS, GKT_SERVER_BLOCKS,
+                  SERVER_FAMILY as GKT_SERVER_FAMILY, build_gkt_client, build_gkt_server)
 from .htfllib_cnns import FAMILY as HTFLLIB_FAMILY
 from .htfllib_cnns import (HTFLLIB_CNNS, HTFLLIB_CONV_CHANNELS, HTFLLIB_FEATURE_DIM,
                            build_htfllib_cnn)
@@ -88,6 +90,20 @@ def _registry() -> dict[str, ArchInfo]:
             f"CIFAR-style ResNet, BasicBlocks per stage {list(blocks)}, "
             "widths 64-128-256-512 x width",
             partial(build_cifar_resnet, name),
+        ))
+    for name, blocks in GKT_CLIENT_BLOCKS.items():
+        archs.append(ArchInfo(
+            name, GKT_FAMILY,
+            f"FedGKT client: stem conv3x3 16 + BN + ReLU (the uploaded map), {blocks} "
+            "Bottleneck block(s) of 16 planes (64 out), average pooling",
+            partial(build_gkt_client, name),
+        ))
+    for name, blocks in GKT_SERVER_BLOCKS.items():
+        archs.append(ArchInfo(
+            name, GKT_SERVER_FAMILY,
+            f"FedGKT server: Bottleneck ResNet [{blocks}, {blocks}, {blocks}], planes 16-32-64, "
+            "no stem (its input is the clients' stem map)",
+            partial(build_gkt_server, name),
         ))
     for name in TORCHVISION_BACKBONES:
         archs.append(ArchInfo(
