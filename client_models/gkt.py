@@ -27,6 +27,7 @@ from __future__ import annotations
 from torch import nn
 
 from .base import HeteroModel, finish_model, probe_output_shape, scale_channels
+from .resnets import residual_stage
 
 CLIENT_FAMILY = "gkt"
 SERVER_FAMILY = "gkt-server"
@@ -50,7 +51,7 @@ def build_gkt_client(arch: str, input_shape: tuple[int, int, int], num_classes: 
         nn.Conv2d(input_shape[0], stem, 3, stride=1, padding=1, bias=False),
         nn.BatchNorm2d(stem),
         nn.ReLU(inplace=True),
-        _bottleneck_stage(stem, planes, GKT_CLIENT_BLOCKS[arch], stride=1),
+        residual_stage("Bottleneck", stem, planes, GKT_CLIENT_BLOCKS[arch], stride=1),
         nn.AdaptiveAvgPool2d(1),
     ]
     body = nn.Sequential(*layers)
@@ -67,30 +68,10 @@ def build_gkt_server(arch: str, input_shape: tuple[int, int, int], num_classes: 
     stages = []
     for i, planes in enumerate(GKT_PLANES):
         planes = scale_channels(planes, width)
-        stages.append(_bottleneck_stage(in_channels, planes, GKT_SERVER_BLOCKS[arch],
-                                        stride=1 if i == 0 else 2))
+        stages.append(residual_stage("Bottleneck", in_channels, planes,
+                                     GKT_SERVER_BLOCKS[arch], stride=1 if i == 0 else 2))
         in_channels = planes * 4
     body = nn.Sequential(*stages, nn.AdaptiveAvgPool2d(1))
     probe_output_shape(body, input_shape, arch)
     return finish_model(arch, SERVER_FAMILY, input_shape, body, in_channels, num_classes,
                         feature_dim)
-
-
-def _bottleneck_stage(in_channels: int, planes: int, blocks: int, stride: int) -> nn.Sequential:
-    """``blocks`` Bottleneck blocks of ``planes`` (4 x planes out); the first one changes
-    width or resolution through a 1x1 shortcut, as the reference's ``_make_layer``."""
-    # Imported here: torchvision costs seconds of start-up to every process that imports the zoo.
-    from torchvision.models.resnet import Bottleneck
-    out_channels = planes * Bottleneck.expansion
-    stage = []
-    for i in range(blocks):
-        block_stride = stride if i == 0 else 1
-        shortcut = None
-        if block_stride != 1 or in_channels != out_channels:
-            shortcut = nn.Sequential(
-                nn.Conv2d(in_channels, out_channels, 1, stride=block_stride, bias=False),
-                nn.BatchNorm2d(out_channels),
-            )
-        stage.append(Bottleneck(in_channels, planes, stride=block_stride, downsample=shortcut))
-        in_channels = out_channels
-    return nn.Sequential(*stage)

@@ -43,7 +43,7 @@ def build_cifar_resnet(
     ]
     in_channels = widths[0]
     for out_channels, blocks, stride in zip(widths, RESNET_STAGE_BLOCKS[arch], STAGE_STRIDES):
-        layers.append(_stage(in_channels, out_channels, blocks, stride))
+        layers.append(residual_stage("BasicBlock", in_channels, out_channels, blocks, stride))
         in_channels = out_channels
     layers.append(nn.AdaptiveAvgPool2d(1))
     body = nn.Sequential(*layers)
@@ -51,10 +51,15 @@ def build_cifar_resnet(
     return finish_model(arch, FAMILY, input_shape, body, widths[-1], num_classes, feature_dim)
 
 
-def _stage(in_channels: int, out_channels: int, blocks: int, stride: int) -> nn.Sequential:
-    """``blocks`` BasicBlocks; the first one changes resolution/width via a 1x1 shortcut."""
+def residual_stage(block: str, in_channels: int, planes: int, blocks: int,
+                   stride: int) -> nn.Sequential:
+    """``blocks`` of torchvision's ``block`` ("BasicBlock", or "Bottleneck": 4 x planes out),
+    the first one changing resolution or width through a 1x1 shortcut, as ResNet's
+    ``_make_layer``."""
     # Imported here: torchvision costs seconds of start-up to every process that imports the zoo.
-    from torchvision.models.resnet import BasicBlock
+    from torchvision.models import resnet
+    kind = getattr(resnet, block)
+    out_channels = planes * kind.expansion
     stage = []
     for i in range(blocks):
         block_stride = stride if i == 0 else 1
@@ -64,8 +69,6 @@ def _stage(in_channels: int, out_channels: int, blocks: int, stride: int) -> nn.
                 nn.Conv2d(in_channels, out_channels, 1, stride=block_stride, bias=False),
                 nn.BatchNorm2d(out_channels),
             )
-        stage.append(
-            BasicBlock(in_channels, out_channels, stride=block_stride, downsample=shortcut)
-        )
+        stage.append(kind(in_channels, planes, stride=block_stride, downsample=shortcut))
         in_channels = out_channels
     return nn.Sequential(*stage)
