@@ -22,7 +22,7 @@ BIN = Path(sys.executable).parent
 PACKAGE = "fedappusermethods"  # a name no installed package has (no "_": cfg_of dashes them)
 
 # The card: settings, recipe and registration, no torch (as every card of strategies/).
-CARD = '''"""Share: each client uploads its head's bias times share.scale; the server averages them."""
+CARD = '''"""Share: clients upload their head's bias times share.scale; the server averages it."""
 
 from dataclasses import dataclass
 
