@@ -214,6 +214,7 @@ def settings_report(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     values = {key: effective.get(key, f.default) for key, f in SHARED_KEYS.items()}
     own = get_method(method).settings
     if own is not None:
+        parse_settings(own, effective, method)  # a bad value of its own is refused here too
         for key, f in settings_keys(own, method).items():
             values[key] = effective.get(key, f.default)
             layers[key] = explicit.get(key) or ("config" if values[key] != f.default

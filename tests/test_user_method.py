@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fedapp.config import ConfigError
-from strategies import get_method, known_methods, load_config
+from strategies import get_method, known_methods, load_config, settings_report
 from tests.conftest import InProcessFederation
 
 BIN = Path(sys.executable).parent
@@ -100,6 +100,9 @@ def test_a_method_by_import_path_is_validated_like_ours(user_package):
         load_config({**SYNTHETIC, "method": user_package, f"{user_package}.scale": -1})
     with pytest.raises(ConfigError, match=rf"unknown setting.*{user_package}\.scael"):
         load_config({**SYNTHETIC, "method": user_package, f"{user_package}.scael": 1.0})
+    # `fedapp settings` refuses it too.
+    with pytest.raises(ConfigError, match=rf"{user_package}\.scale = -1"):
+        settings_report({**SYNTHETIC, "method": user_package, f"{user_package}.scale": -1})
 
 
 def test_a_method_by_import_path_trains_and_aggregates(user_package):
