@@ -71,7 +71,8 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-# The verdicts under the table, each a line of "<label> on <column>" entries.
+# The verdicts under the table, each a line of "<label> on <column>" entries separated by "; "
+# (a label may hold a comma).
 VERDICTS = {"fails": "Below Standalone at its own recipe (**fails**): ",
             "level": "Level with Standalone at its own recipe: ",
             "holds": "Above Standalone at its own recipe (**holds**): "}
@@ -189,7 +190,7 @@ def row_text(row: Row, by_key: Mapping[str, Row], columns: Sequence[str], runs: 
 
 def verdict_lines(verdicts: Mapping[str, Sequence[str]]) -> list[str]:
     """The rule, then one line per verdict (``none`` where no entry has it)."""
-    return [VERDICT_RULE, "", *(f"- {start}{', '.join(verdicts.get(v, [])) or 'none'}."
+    return [VERDICT_RULE, "", *(f"- {start}{'; '.join(verdicts.get(v, [])) or 'none'}."
                                 for v, start in VERDICTS.items())]
 
 
@@ -203,7 +204,7 @@ def previous_table(doc: Path, columns: Sequence[str]) -> tuple[dict[str, str],
     rows = {line.split("|")[1].strip(): line for line in text.splitlines()
             if line.startswith("| ") and not line.startswith("| method |")}
     verdicts = {v: [e for line in text.splitlines() if line.startswith(f"- {start}")
-                    for e in line[len(start) + 2:].rstrip(".").split(", ") if e != "none"]
+                    for e in line[len(start) + 2:].rstrip(".").split("; ") if e != "none"]
                 for v, start in VERDICTS.items()}
     return rows, verdicts
 

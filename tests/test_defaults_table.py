@@ -96,11 +96,11 @@ def test_a_page_table_of_the_same_columns_is_kept_and_one_of_other_columns_is_no
     row = "| felo | 0.7 | +0.1 | -0.2 ± 0.0 | 0.8 | +0.0 | +0.0 ± 0.0 | Adam |"
     doc = tmp_path / "defaults.md"
     doc.write_text("\n".join([begin, "caption", "", *defaults.header(columns), row, "",
-                              *defaults.verdict_lines({"fails": ["felo on A", "fd on B"],
+                              *defaults.verdict_lines({"fails": ["felo on A", "fd, tried on B"],
                                                        "level": ["felo on B"]}), end]))
     rows, verdicts = defaults.previous_table(doc, columns)
     assert rows == {"felo": row}
-    assert verdicts == {"fails": ["felo on A", "fd on B"], "level": ["felo on B"],
+    assert verdicts == {"fails": ["felo on A", "fd, tried on B"], "level": ["felo on B"],
                         "holds": []}
     assert defaults.previous_table(doc, ["A", "B", "C"]) == ({}, {})
 
@@ -128,3 +128,45 @@ def test_the_sparse_column_has_each_client_train_about_ten_times():
     assert sparse["fraction-fit"] * sparse["num-server-rounds"] == pytest.approx(10)
     # FedClassAvg's defaults were chosen on the other two; its script keeps to them.
     assert common.FEDCLASSAVG_SETTINGS == ("Fashion-MNIST", "digits")
+
+
+def test_the_script_writes_every_row_and_verdict_from_the_runs_it_reads(tmp_path, monkeypatch):
+    """main() end to end, its runs replaced by synthetic summaries (each run's accuracy a
+    function of its name and seed), the pages written under ``tmp_path``."""
+    import zlib
+
+    import numpy as np
+
+    columns = {"A": lambda: {"num-clients": 10}, "B": lambda: {"num-clients": 100}}
+    asked: list[str] = []
+
+    def run_seeds(preset, overrides, name, seeds, out):
+        asked.append(name)
+        return runs_of([float(np.random.default_rng([zlib.crc32(name.encode()), s]).uniform(
+            0.5, 0.9)) for s in seeds])
+
+    monkeypatch.setattr(defaults, "DEFAULTS_SETTINGS", columns)
+    monkeypatch.setattr(defaults, "run_seeds", run_seeds)
+    monkeypatch.setattr(defaults, "run_parallel", lambda *args: None)
+    monkeypatch.setattr(defaults, "ROOT", tmp_path)
+    monkeypatch.setattr(defaults, "DOC", tmp_path / "docs" / "defaults.md")
+    monkeypatch.setattr(sys, "argv", ["defaults.py", "--out", str(tmp_path / "runs")])
+    defaults.main()
+    text = (tmp_path / "docs" / "defaults.md").read_text()
+    rows = defaults.table_rows(EVERY)
+    assert len(asked) == len(rows) * len(columns)  # every row in every column, once
+    lines = [line for line in text.splitlines() if line.startswith("| ")]
+    assert lines[0] == defaults.header(["A", "B"])[0]
+    assert [line.split("|")[1].strip() for line in lines[1:]] == [row.label for row in rows]
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+    # Every method row, in every column, has one verdict against its own recipe's Standalone.
+    judged = [e for v, start in defaults.VERDICTS.items() for line in text.splitlines()
+              if line.startswith(f"- {start}") for e in line[len(start) + 2:].rstrip(".")
+              .split("; ") if e != "none"]
+    with_own = [row.label for row in rows if row.own and row.method != "standalone"]
+    assert sorted(judged) == sorted(f"{label} on {c}" for label in with_own for c in "AB")
+    assert common.VERDICT_RULE in text
+    # A page of the methods from HtFLlib: its rows, with the Standalone at each one's recipe.
+    page = (tmp_path / "docs" / "fedgen.md").read_text()
+    assert "| standalone (HtFLlib's recipe: fedgen, fedmrl, fd, fedtgp) |" in page
+    assert "| fedgen |" in page and "| felo |" not in page
