@@ -53,7 +53,7 @@ from typing import Any, Callable, Mapping, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (DEFAULT_SEEDS, DEFAULTS_SETTINGS, ROOT, VERDICT_RULE,  # noqa: E402
                     add_resource_options, cell, finished, mean_client_accuracy, mean_std,
-                    page_methods, paired, read_generated, recipe_label, recipe_named, recipes,
+                    page_methods, read_generated, recipe_label, recipe_named, recipes,
                     resource_overrides, run_parallel, run_seeds, seeds_option, training,
                     training_caption, verdict, write_generated)
 
@@ -116,8 +116,9 @@ def table_rows(every: Sequence[str]) -> list[Row]:
     alone: dict[tuple[bool, str], Row] = {}
 
     def own_row(method: str, changed: dict[str, Any], base: str) -> str | None:
-        """The key of the Standalone row trained as ``method`` with ``changed`` is (made on
-        first need); ``base`` if that is the default recipe; None if no recipe's is."""
+        """The key of the Standalone row that trains as ``method`` with ``changed`` does (made
+        on first need); ``base`` if that is Standalone's default recipe; None if no recipe's
+        is."""
         values = training(method, tuple(changed.items()))
         recipe = recipe_named(values)
         if recipe is None:
@@ -180,8 +181,10 @@ def row_text(row: Row, by_key: Mapping[str, Row], columns: Sequence[str], runs: 
             delta = f"{means[0] - means[1]:+.3f}"
         against = "—"
         if own:
-            against = "{:+.3f} ± {:.3f}".format(*paired(mine, own))
+            if len(mine) != len(own):
+                raise ValueError(f"paired runs: {len(mine)} seeds against {len(own)}")
             diffs = [mean_client_accuracy(x) - mean_client_accuracy(y) for x, y in zip(mine, own)]
+            against = "{:+.3f} ± {:.3f}".format(*mean_std(diffs))
             verdicts[verdict(diffs)].append(f"{row.label} on {column}")
         cells.append(f"{cell(map(mean_client_accuracy, mine))} | {delta} | {against}")
     return (f"| {row.label} | " + " | ".join(cells) + " | "
