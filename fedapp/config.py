@@ -22,7 +22,7 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = PROJECT_ROOT / "conf"
@@ -482,6 +482,28 @@ SHARED_KEYS = settings_keys(RunConfig)
 RECIPE_KEYS = ("optimizer", "lr", "momentum", "adam-beta1", "adam-beta2", "weight-decay",
                "grad-clip", "lr-decay-at", "lr-decay", "optimizer-state", "batch-size",
                "drop-last", "local-epochs", "local-steps", "feature-dim")
+
+
+def idle_recipe_keys(values: Mapping[str, Any]) -> set[str]:
+    """The recipe keys that the training ``values`` describe does not read: Adam's betas under
+    SGD and momentum under Adam, the decay factor when the learning rate never decays, and
+    the epochs and the short last batch when a fixed number of random mini-batches
+    (``local-steps``) replaces them. Two runs that differ only there train alike."""
+    idle = {"sgd": {"adam-beta1", "adam-beta2"}, "adam": {"momentum"}}.get(
+        values.get("optimizer"), set())
+    if not values.get("lr-decay-at"):
+        idle |= {"lr-decay"}
+    if values.get("local-steps"):
+        idle |= {"local-epochs", "drop-last"}
+    return idle
+
+
+def training_settings(values: Mapping[str, Any],
+                      keys: Sequence[str] = RECIPE_KEYS) -> dict[str, Any]:
+    """How a client of a run with effective settings ``values`` trains: the ``keys`` (default
+    every recipe key) that act, with their values, in ``keys``' order."""
+    idle = idle_recipe_keys(values)
+    return {k: values[k] for k in keys if k not in idle and k in values}
 # Settings that became shared recipe keys: a preset that still names one is told where it went.
 MOVED_KEYS = {f"{m}.local-batches": "local-steps" for m in ("fedhe", "felo", "velo")} | {
     "fedclassavg.adam-beta1": "adam-beta1", "fedclassavg.adam-beta2": "adam-beta2",

@@ -27,10 +27,10 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from fedapp.config import (METHOD_SETTINGS_KEY, PAYLOAD_KINDS, RECIPE_KEYS, SHARED_KEYS,
+from fedapp.config import (METHOD_SETTINGS_KEY, PAYLOAD_KINDS, SHARED_KEYS,
                            ConfigError, RunConfig, UploadLayout, explicit_layers,
                            parse_run_config, parse_settings, resolve_layers, settings_keys,
-                           toml_value)
+                           toml_value, training_settings)
 
 if TYPE_CHECKING:
     from fedapp.runtime.client_base import FedClient
@@ -228,9 +228,8 @@ def recipe_line(report: Mapping[str, Mapping[str, Any]]) -> str:
     values, layers = report["settings"], report["layers"]
     method = values["method"]
     used = "recipe" if values["recipe"] == "method" and get_method(method).recipe else "defaults"
-    # Only what the optimizer in force reads: no momentum for Adam, no betas for SGD.
-    unused = {"sgd": ("adam-beta1", "adam-beta2"), "adam": ("momentum",)}[values["optimizer"]]
-    keys = [k for k in RECIPE_KEYS if k not in unused]
+    # Only what acts: no momentum for Adam, no betas for SGD, no decay factor without decay.
+    keys = list(training_settings(values))
     own = [f"{k} ({layers[k]})" for k in keys if layers[k] not in ("default", f"recipe {method}")]
     return (f"training recipe: {method}'s {used} (docs/recipes.md): "
             + ", ".join(f"{k} = {toml_value(values[k])}" for k in keys)
