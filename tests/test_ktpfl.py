@@ -22,8 +22,8 @@ from strategies.ktpfl import KTpFLSettings
 from strategies.ktpfl.maths import (alignment_set, code_step_size, coefficient_gradient,
                                     kd_loss, personalised_target, private_epochs,
                                     update_coefficients)
-from tests.conftest import (InProcessFederation, cfg_of, client_manager, fit_res,
-                            make_strategy, recorded_federation)
+from tests.conftest import (assert_public_subset_traffic, cfg_of, client_manager, fit_res,
+                            make_strategy, recorded_rounds)
 from tests.test_hostile_uploads import small_smoke_overrides
 
 SMALL = small_smoke_overrides("ktpfl")  # 180 synthetic samples: 18 public, A_t of 16
@@ -105,7 +105,7 @@ def test_the_personalised_target_is_the_row_mix_renormalised():
     assert personalised_target(np.array([0.2, 0.3, 0.5]), p).dtype == np.float32
 
 
-# -- the server through its validation path ---------------------------------------------------------
+# -- the server through its validation path -------------------------------------------------
 def _strategy(**extra):
     return make_strategy("ktpfl", num_classes=2,
                          **{**SMALL, "ktpfl.alignment-size": 1, **extra})
@@ -213,25 +213,13 @@ def test_the_alignment_set_is_keyed_and_may_repeat_only_when_asked():
 
 @pytest.fixture(scope="module")
 def two_rounds(tmp_path_factory):
-    fed, recorder = recorded_federation(tmp_path_factory.mktemp("ktpfl"), "ktpfl", rounds=2,
-                                        **{**SMALL, "num_server_rounds": 2})
-    seen = []
-    for rnd in (1, 2):
-        seen.append(fed.fit_round(rnd))
-        fed.evaluate_round(rnd)
-    return fed, recorder, seen
+    return recorded_rounds(tmp_path_factory.mktemp("ktpfl"), "ktpfl", rounds=2, **SMALL)
 
 
 def test_exact_traffic_per_client_per_round(two_rounds):
-    fed, recorder, _ = two_rounds
-    first, second = recorder.history
-    clients = first["clients_sampled"]
-    assert first["bytes_up"] == second["bytes_up"] == clients * M * C * 4  # soft predictions
-    assert first["bytes_down"] == 0  # round 1: the code's model initialisation
-    assert second["bytes_down"] == clients * (M * 4 + M * C * 4)  # int32 indices + target
-    summary = recorder.summary()["communication"]
-    assert summary["last_round_floats_per_client_up"] == M * C
-    assert summary["last_round_floats_per_client_down"] == M + M * C
+    # Up: the soft predictions. Down: nothing in round 1 (the code's model initialisation),
+    # then the indices of A_(t-1) and the client's own target.
+    assert_public_subset_traffic(two_rounds[1], M, C)
 
 
 def test_clients_distil_from_round_2_and_upload_soft_predictions_on_a_t(two_rounds):
