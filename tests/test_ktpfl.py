@@ -248,6 +248,11 @@ def test_the_public_labels_are_never_read_and_a_public_set_is_required():
         cfg_of(method="ktpfl", **{**SMALL, "public_source": "none"})
 
 
+def test_robust_rules_are_refused_no_average_to_replace():
+    with pytest.raises(ConfigError, match="robust-aggregation = 'median' is invalid"):
+        cfg_of(method="ktpfl", **{**SMALL, "robust_aggregation": "median"})
+
+
 def test_an_alignment_set_larger_than_the_public_set_is_refused_before_training():
     cfg = cfg_of(method="ktpfl", **{**SMALL, "ktpfl.alignment-size": 19})
     with pytest.raises(ConfigError, match="fewer than the 19"):
