@@ -213,7 +213,9 @@ def test_the_alignment_set_is_keyed_and_may_repeat_only_when_asked():
 
 @pytest.fixture(scope="module")
 def two_rounds(tmp_path_factory):
-    return recorded_rounds(tmp_path_factory.mktemp("ktpfl"), "ktpfl", rounds=2, **SMALL)
+    # Two initialisation epochs, so that round 1's private epochs differ from round 2's one.
+    return recorded_rounds(tmp_path_factory.mktemp("ktpfl"), "ktpfl", rounds=2,
+                           **{**SMALL, "ktpfl.init-epochs": 2})
 
 
 def test_exact_traffic_per_client_per_round(two_rounds):
@@ -228,6 +230,8 @@ def test_clients_distil_from_round_2_and_upload_soft_predictions_on_a_t(two_roun
         for pid, (sent, res) in round_seen.items():
             assert ("term-distil" in res.metrics) == (rnd == 2)
             assert bool(sent) == (rnd == 2)
+            # Private epochs: ktpfl.init-epochs (2) in round 1, min(t - 1, 10) = 1 in round 2.
+            assert res.metrics["train-samples"] == (3 - rnd) * res.num_examples
     # The last upload is softmax(o / T) of the model as saved, in eval mode, on A_2.
     public = setup.public_set(fed.cfg, labels=False)
     a2 = alignment_set(fed.cfg.seed, 2, len(public), fed.cfg.settings)
