@@ -1,4 +1,4 @@
-"""KT-pFL (Zhang, Guo, Ma, Wang, Wang, Xu, NeurIPS 2021): parameterized knowledge transfer for
+"""KT-pFL (Zhang et al., NeurIPS 2021): parameterized knowledge transfer for
 personalised federated learning.
 
 Every party holds the same public set P (``public-source``, read without its labels); nothing
