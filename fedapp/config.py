@@ -82,6 +82,9 @@ PAYLOAD_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
     "server-training": ((), "the server trains a model of its own on the individual uploaded "
                         "pairs or heads (no average to make robust); filtering outlying "
                         "pairs is not implemented"),
+    "sub-model": ((), "each entry of the global model is averaged over the clients whose "
+                  "sub-model holds it, a different set of clients per entry; a robust rule "
+                  "per entry is not implemented"),
 }
 
 
