@@ -252,7 +252,18 @@ class DepthFL(FedStrategy):
     eval_payload = fit_payload  # each client evaluates its prefix of the global model
 
     def upload_spec(self, client: ClientInfo) -> dict[str, ArraySpec]:
-        return arrays_spec(self.prefix(self.depths[client.partition_id]))
+        sent = self.prefix(self.depths[client.partition_id])
+        spec = arrays_spec(sent)
+        # BatchNorm's batch counts come back as what was sent plus the round's local steps:
+        # a larger count is refused, as it would be averaged into everyone's model.
+        cfg = self.cfg
+        steps = cfg.local_steps or cfg.local_epochs * math.ceil(
+            self.examples_bound(client) / cfg.batch_size)
+        for name, array in sent.items():
+            if array.dtype.kind in "iu":
+                spec[name] = ArraySpec(array.shape, "int", low=0,
+                                       high=int(array.max(initial=0)) + steps)
+        return spec
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
         s = self.settings
