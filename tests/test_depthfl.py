@@ -246,10 +246,11 @@ def _nbytes(state):
 
 @pytest.mark.parametrize("download", ["prefix", "global"])
 def test_a_client_receives_and_sends_only_its_prefix(tmp_path, download):
-    fed, recorder = recorded_federation(tmp_path, "depthfl", **SMALL,
+    rounds = 2 if download == "prefix" else 1
+    fed, recorder = recorded_federation(tmp_path, "depthfl", rounds=rounds, **SMALL,
                                         **{"depthfl.download": download})
     prefix_bytes = {d: _nbytes(_model("cnn4", d).state_dict()) for d in range(1, 5)}
-    for rnd in (1, 2):
+    for rnd in range(1, rounds + 1):
         seen = fed.fit_round(rnd)
         fed.evaluate_round(rnd)
         for pid, (sent, res) in seen.items():
@@ -265,22 +266,32 @@ def test_a_client_receives_and_sends_only_its_prefix(tmp_path, download):
 
 
 def test_the_client_keeps_feddyns_h_and_the_server_scores_the_global_model(tmp_path):
-    fed, recorder = recorded_federation(tmp_path, "depthfl", rounds=1, **SMALL)
+    fed, recorder = recorded_federation(tmp_path, "depthfl", rounds=2, **SMALL)
     seen = fed.fit_round(1)
-    metrics = fed.evaluate_round(1)
+    h1 = {}
     for pid, (sent, res) in seen.items():
         upload = decode(res.parameters)
-        h = fed.contexts[pid].state[FEDDYN_STATE_KEY].to_torch_state_dict()
-        assert set(h) < set(upload) and "stages.0.1.running_mean" not in h  # parameters only
-        for name, value in h.items():  # h_1 = 0 - alpha * (theta - theta_g)
+        h1[pid] = fed.contexts[pid].state[FEDDYN_STATE_KEY].to_torch_state_dict()
+        assert set(h1[pid]) < set(upload)
+        assert "stages.0.1.running_mean" not in h1[pid]  # the parameters only
+        for name, value in h1[pid].items():  # h_1 = 0 - alpha * (theta - theta_g)
             np.testing.assert_allclose(value.numpy(), -0.1 * (upload[name] - sent[name]),
                                        atol=1e-6)
+    fed.evaluate_round(1)
+    seen = fed.fit_round(2)  # h_2 = h_1 - alpha * (theta - theta_g): read back and updated
+    metrics = fed.evaluate_round(2)
+    for pid, (sent, res) in seen.items():
+        upload = decode(res.parameters)
+        h2 = fed.contexts[pid].state[FEDDYN_STATE_KEY].to_torch_state_dict()
+        for name, value in h2.items():
+            np.testing.assert_allclose(value.numpy(), h1[pid][name].numpy()
+                                       - 0.1 * (upload[name] - sent[name]), atol=1e-6)
         # Each client scores its depth's prefix: the ensemble, and each of its exits.
         depth = fed.strategy.depths[pid]
         assert {k for k in metrics[pid] if k.startswith("accuracy-")} == \
             {f"accuracy-exit-{i}" for i in range(1, depth + 1)}
     # The server scores the global model's ensemble and each exit on the global test set.
-    record = recorder.history[0]
+    record = recorder.history[-1]
     assert list(record["server_accuracy"]) == ["ensemble", "exit-1", "exit-2", "exit-3",
                                                "exit-4"]
     x = torch.randn(5, 1, 28, 28, generator=torch.Generator().manual_seed(3))
