@@ -132,6 +132,17 @@ def test_what_dp_cannot_protect_is_refused_before_anything_starts(overrides, rea
     assert "differential-privacy" in str(err.value) or "dp-" in str(err.value)
 
 
+def test_fedapp_settings_shows_the_settings_and_refuses_what_run_refuses(capsys):
+    from fedapp.cli.main import main as fedapp_main
+    assert fedapp_main(["settings", "--set", 'method="fedproto"', "--set",
+                        "differential-privacy=true"]) == 0
+    shown = capsys.readouterr().out
+    assert "differential-privacy = true" in shown and "dp-noise-multiplier = 1.0" in shown
+    assert fedapp_main(["settings", "--set", 'method="standalone"', "--set",
+                        "differential-privacy=true"]) == 2
+    assert "method 'standalone'" in capsys.readouterr().err
+
+
 def test_where_the_noise_goes_follows_the_card():
     assert privacy.mode_of(("model",)) == privacy.mode_of(("group-model",)) == "server"
     assert privacy.mode_of(("class-rows",)) == "client"
@@ -177,7 +188,52 @@ def test_lg_fedavg_under_dp_averages_clipped_head_changes_plus_noise(tmp_path):
     assert round_scalars(record)["privacy/epsilon"] == pytest.approx(want)
 
 
+def _hand_round(strategy, manager, rnd):
+    """One round of hand-made uploads: partition p moves the head it was sent by p + 1."""
+    results = []
+    for proxy, ins in strategy.configure_fit(rnd, None, manager):
+        pid = proxy.identity["partition-id"]
+        upload = {k: v + np.float32(pid + 1) for k, v in decode(ins.parameters).items()}
+        results.append((proxy, fit_res(upload, 5, pid, proxy.identity["arch"])))
+    strategy.aggregate_fit(rnd, results, [])
+    strategy.configure_evaluate(rnd, None, manager)  # nobody evaluated: the round is recorded
+    return json.loads((strategy.recorder.run_dir / "rounds.jsonl").read_text()
+                      .splitlines()[-1])
+
+
+def _recorded_strategy(run_dir, resume_after=0):
+    from fedapp.runtime.results import Recorder
+    recorder = Recorder(run_dir, method="lg-fedavg", dataset="synthetic", num_clients=3,
+                        num_rounds=4, config={}, partition={}, resume_after=resume_after)
+    strategy = make_strategy("lg-fedavg", recorder=recorder, num_clients=3, sizes=[5] * 3,
+                             fraction_fit=0.6, checkpoint_every=2, eval_every=5,
+                             num_server_rounds=4, **DP)  # round 3 is not evaluated
+    return strategy, client_manager(strategy)[0]
+
+
 def test_epsilon_after_a_resume_equals_the_uninterrupted_runs(tmp_path):
+    whole, manager = _recorded_strategy(tmp_path / "whole")
+    records = [_hand_round(whole, manager, rnd) for rnd in (1, 2, 3)]
+    cut, manager = _recorded_strategy(tmp_path / "cut")
+    for rnd in (1, 2, 3):  # killed after round 3, before its checkpoint (every 2 rounds)
+        _hand_round(cut, manager, rnd)
+    done, state = checkpoint.load_server(tmp_path / "cut" / "checkpoint")
+    assert done == 2 and state[privacy.STATE_KEY] == [(0.5, 2), (0.5, 2)]
+    resumed, manager = _recorded_strategy(tmp_path / "cut", resume_after=done)
+    resumed.restore(done, state)
+    again = _hand_round(resumed, manager, 1)  # Flower's round 1 of the resumed run is round 3
+    assert again["round"] == 3
+    assert again["privacy"] == records[-1]["privacy"]
+    assert again["privacy"]["releases"] == 3 and again["privacy"]["sampling_rate"] == 2 / 3
+    assert again["privacy"]["epsilon"] > records[1]["privacy"]["epsilon"] > 0
+    # The noise is keyed by the round, so the resumed state is the uninterrupted one too.
+    for name, value in whole.global_head.items():
+        np.testing.assert_array_equal(resumed.global_head[name], value)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_epsilon_after_a_resume_with_real_clients_equals_the_uninterrupted_runs(tmp_path):
     dp = {**DP, "fraction_fit": 0.6}
     whole = _federation("lg-fedavg", tmp_path / "whole", **dp)
     for rnd in (1, 2, 3):
@@ -188,7 +244,6 @@ def test_epsilon_after_a_resume_equals_the_uninterrupted_runs(tmp_path):
         cut.fit_round(rnd)
         cut.evaluate_round(rnd)
     done, state = checkpoint.load_server(tmp_path / "cut" / "checkpoint")
-    assert done == 2 and state[privacy.STATE_KEY] == [(0.5, 2), (0.5, 2)]
     resumed = _federation("lg-fedavg", tmp_path / "cut", resume_after=done, resume=True, **dp)
     resumed.strategy.restore(done, state)
     resumed.fit_round(1)  # round 3
@@ -198,8 +253,6 @@ def test_epsilon_after_a_resume_equals_the_uninterrupted_runs(tmp_path):
         return json.loads((tmp_path / run / "rounds.jsonl").read_text().splitlines()[-1])
     assert last("cut")["round"] == last("whole")["round"] == 3
     assert last("cut")["privacy"] == last("whole")["privacy"]
-    assert last("cut")["privacy"]["releases"] == 3
-    # The noise is keyed by the round, so the resumed state is the uninterrupted one too.
     for name, value in whole.strategy.global_head.items():
         np.testing.assert_array_equal(resumed.strategy.global_head[name], value)
 
@@ -210,20 +263,30 @@ def test_a_checkpoint_without_a_ledger_is_not_resumed_with_dp(tmp_path):
         strategy.restore(2, {})
 
 
-def test_a_client_mode_upload_reaches_the_server_noised(tmp_path):
-    # FedProto (class-rows): the client noises its prototypes; the server accepts them.
+def test_a_client_mode_upload_reaches_the_server_noised_and_accepted():
+    # FedProto (class-rows): each client noises its prototypes; the server accepts them, and
+    # what it received is what the client's keyed stream makes of its honest upload.
     from tests.conftest import InProcessFederation
     from tests.test_hostile_uploads import small_smoke_overrides
-    plain = InProcessFederation("fedproto", **small_smoke_overrides("fedproto"))
-    noisy = InProcessFederation("fedproto", **{**small_smoke_overrides("fedproto"), **DP})
-    sent_plain, sent_noisy = plain.fit_round(1), noisy.fit_round(1)
-    assert noisy.strategy._counts["rejected"] == 0
-    for pid in sent_plain:
-        a = from_ndarrays(_arrays(sent_plain[pid][1]))
-        b = from_ndarrays(_arrays(sent_noisy[pid][1]))
-        assert a.keys() == b.keys()  # names (and so FedProto's counts) travel as they are
-        floats = [k for k in a if a[k].dtype.kind == "f"]
-        assert floats and all(not np.allclose(a[k], b[k]) for k in floats)
+    fed = InProcessFederation("fedproto", **{**small_smoke_overrides("fedproto"), **DP,
+                                             "fraction_fit": 0.3, "min_fit_clients": 1})
+    honest = {}
+    original = privacy.private_upload
+
+    def spy(upload, received, cfg, pid, rnd):
+        honest[pid] = dict(upload)
+        return original(upload, received, cfg, pid, rnd)
+    privacy.private_upload = spy
+    try:
+        sent = fed.fit_round(1)
+    finally:
+        privacy.private_upload = original
+    assert fed.strategy._counts == {"clients_fit": 1, "failures": 0, "rejected": 0}
+    for pid, (_, res) in sent.items():
+        got = from_ndarrays(_arrays(res))
+        assert got.keys() == honest[pid].keys()  # names (FedProto's counts) travel as they are
+        floats = [k for k in got if got[k].dtype.kind == "f"]
+        assert floats and all(not np.allclose(got[k], honest[pid][k]) for k in floats)
 
 
 def _arrays(res):

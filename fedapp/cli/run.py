@@ -358,6 +358,11 @@ def cmd_settings(args: argparse.Namespace) -> int:
         flat = resolve_settings(args.preset, args.set)[0]
         report = settings_report(flat)
         known, fields = known_methods(flat), {**SHARED_KEYS, **method_keys(flat)}
+        if report["settings"].get("differential-privacy"):
+            # Whether the method can have it is a rule across settings (its card, the loop),
+            # which only the run's whole check applies: refused here as `fedapp run` refuses.
+            from strategies import load_config
+            load_config(flat)
     except (ConfigError, OSError) as exc:
         print(f"fedapp: {exc}", file=sys.stderr)
         return 2

@@ -92,9 +92,12 @@ def check_settings(cfg: RunConfig, method_name: str, payload_kinds: Sequence[str
     if cfg.dp_delta >= 1.0:
         raise ConfigError(f"setting dp-delta = {cfg.dp_delta} is invalid: delta must be "
                           "below 1 (typically below 1 / num-clients).")
-    accountant = Accountant.of(cfg)  # refuses a missing dp-accounting
+    import importlib.util
+    if importlib.util.find_spec("dp_accounting") is None:
+        _flower_accounting()  # refuses, saying what to install
     m = sampled_per_round(cfg)
-    if cfg.dp_target_epsilon and accountant.would_exceed(m):
+    # (Importing the accountant takes seconds: only a budget to check is worth it here.)
+    if cfg.dp_target_epsilon and (accountant := Accountant.of(cfg)).would_exceed(m):
         raise ConfigError(
             f"setting dp-target-epsilon = {cfg.dp_target_epsilon} is invalid: a single round "
             f"(z = {cfg.dp_noise_multiplier}, {m} of {cfg.num_clients} clients) already spends "
