@@ -10,7 +10,9 @@ import math
 import numpy as np
 import pytest
 
-pytest.importorskip("dp_accounting")  # a dependency (pyproject.toml); its absence is refused
+# A dependency (pyproject.toml): an environment installed before it was added needs
+# `pip install -e .` again. Without it a run with differential-privacy is refused (ConfigError).
+pytest.importorskip("dp_accounting", reason="dp-accounting is not installed: pip install -e .")
 
 from fedapp.config import ConfigError
 from fedapp.runtime import checkpoint, privacy
