@@ -105,11 +105,11 @@ def check_settings(cfg: RunConfig, method_name: str, payload_kinds: Sequence[str
             "budget or dp-noise-multiplier.")
 
 
-def sampled_per_round(cfg: RunConfig) -> int:
-    """How many clients a round samples when all of them are connected (what
-    :meth:`FedStrategy.configure_fit` draws)."""
-    n = max(cfg.min_fit_clients, math.ceil(cfg.fraction_fit * cfg.num_clients))
-    return min(n, cfg.num_clients)
+def sampled_per_round(cfg: RunConfig, available: int | None = None) -> int:
+    """How many clients a round samples of ``available`` connected ones (default: all of
+    them): what :meth:`FedStrategy.configure_fit` draws, and so what the accountant counts."""
+    available = cfg.num_clients if available is None else available
+    return min(available, max(cfg.min_fit_clients, math.ceil(cfg.fraction_fit * available)))
 
 
 # -- the mechanism ---------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from client_models import HeteroModel
 from fedapp.config import RunConfig
 from fedapp.data import setup
 from fedapp.runtime import attacks, checkpoint, timeline
-from fedapp.runtime.privacy import STATE_KEY, ServerPrivacy
+from fedapp.runtime.privacy import STATE_KEY, ServerPrivacy, sampled_per_round
 from fedapp.runtime.aggregate import Robust, robust_average, robust_average_per_group
 from fedapp.runtime.class_stats import robust_class_means
 from fedapp.runtime.payload import (ArraySpec, Payload, PayloadError, WireSize, check_layout,
@@ -472,8 +472,7 @@ class FedStrategy(Strategy):
         self._devices = {}
         self._empty = False
         available = self.list_clients(client_manager)
-        n = max(self.cfg.min_fit_clients, math.ceil(self.cfg.fraction_fit * len(available)))
-        n = min(n, len(available))
+        n = sampled_per_round(self.cfg, len(available))
         if self.privacy is not None:
             self.privacy.start_round(server_round, n)  # stops the run at dp-target-epsilon
         # Sampling from (seed, round), not Flower's global RNG, so a seed fixes the schedule.
