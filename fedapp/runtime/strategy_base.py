@@ -46,12 +46,12 @@ from client_models import HeteroModel
 from fedapp.config import RunConfig
 from fedapp.data import setup
 from fedapp.runtime import attacks, checkpoint, timeline
-from fedapp.runtime.privacy import STATE_KEY, ServerPrivacy, sampled_per_round
 from fedapp.runtime.aggregate import Robust, robust_average, robust_average_per_group
 from fedapp.runtime.class_stats import robust_class_means
 from fedapp.runtime.payload import (ArraySpec, Payload, PayloadError, WireSize, check_layout,
                                     check_values, encode, float32, load, read_headers, to_wire,
                                     validate, wire_size)
+from fedapp.runtime.privacy import STATE_KEY, ServerPrivacy, sampled_per_round
 from fedapp.runtime.results import (Recorder, format_accuracy, format_server_accuracy,
                                     round_record)
 from fedapp.runtime.speeds import update_duration
