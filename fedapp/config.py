@@ -332,6 +332,27 @@ class RunConfig:
     robust_norm_bound: float = _opt(
         0.0, "norm-bound: the largest L2 distance of an upload to the current state (> 0 "
         "with norm-bound)", low=0.0)
+    # -- client-level differential privacy (fedapp.runtime.privacy; what each method protects
+    #    and leaks: docs/privacy.md)
+    differential_privacy: bool = _opt(
+        False, "client-level differential privacy: each client's whole upload is clipped to "
+        "L2 norm dp-clip-norm (its change from what it was sent, for arrays it was sent) and "
+        "Gaussian noise is added, on the server to the sum for methods whose server only "
+        "averages models, on each client for the others; the privacy spent (epsilon at "
+        "dp-delta) is recorded every round")
+    dp_clip_norm: float = _opt(
+        1.0, "differential-privacy: the L2 norm S every client's upload is clipped to",
+        low=0.0, low_open=True)
+    dp_noise_multiplier: float = _opt(
+        1.0, "differential-privacy: z, the noise's standard deviation over the upload's "
+        "replace-one sensitivity 2 S (what the accountant's noise multiplier means)",
+        low=0.0, low_open=True)
+    dp_delta: float = _opt(1e-5, "differential-privacy: the delta epsilon is reported at",
+                           low=0.0, high=1.0, low_open=True)
+    dp_target_epsilon: float = _opt(
+        0.0, "differential-privacy: the privacy budget; the run stops cleanly (summary "
+        "written) before a round that would spend more than this epsilon (0 = no budget)",
+        low=0.0)
     # -- the server loop: synchronous rounds, no barrier at all (methods whose server takes
     #    one upload at a time), or device-to-device training that the server only relays (see
     #    `fedapp methods`). The async-* settings serve every loop but 'rounds'.
@@ -397,6 +418,9 @@ class RunConfig:
     settings: Any = field(default=None, metadata={"internal": True})
     # -- the chosen method's upload layout (its card's ``upload_layout``), set by ``strategies``
     upload_layout: "UploadLayout" = field(default=None, metadata={"internal": True})
+    # -- what the chosen method's server combines (its card's ``payload_kinds``), set by
+    #    ``strategies``: where differential privacy's noise goes (fedapp.runtime.privacy)
+    payload_kinds: tuple = field(default=(), metadata={"internal": True})
 
     # ----------------------------------------------------------------------------------------
     @property

@@ -249,7 +249,8 @@ def load_config(flat: Mapping[str, Any]) -> RunConfig:
                 for name, m in known.items() if m.settings is not None}
     method = known[cfg.method]
     cfg = dataclasses.replace(cfg, settings=sections.get(cfg.method),
-                              upload_layout=method.upload_layout)
+                              upload_layout=method.upload_layout,
+                              payload_kinds=tuple(method.payload_kinds))
     from fedapp.data.setup import architectures  # models import torch; keep this module light
     try:
         archs = architectures(cfg)
@@ -289,6 +290,9 @@ def load_config(flat: Mapping[str, Any]) -> RunConfig:
             "training split, cut before partitioning), 'digits' or 'npz' (docs/data.md, "
             "\"A public set\").")
     check_attack_and_rule(cfg, method, archs)
+    if cfg.differential_privacy:  # the accountant's import is kept off the common path
+        from fedapp.runtime.privacy import check_settings
+        check_settings(cfg, cfg.method, method.payload_kinds)
     check = getattr(cfg.settings, "check", None)
     if check is not None:
         check(cfg)  # the method's cross-setting rules; raises ConfigError

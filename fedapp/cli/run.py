@@ -131,6 +131,12 @@ def report_run(status: str, run_dir: Path, *, results_elsewhere: bool = False) -
               f"{human_bytes(com['per_client_per_round_up'])}, down "
               f"{human_bytes(com['per_client_per_round_down'])}; "
               f"{summary['wall_seconds']:.0f} s")
+        if "stopped" in summary:  # e.g. at its privacy budget (dp-target-epsilon)
+            print(f"fedapp: stopped early: {summary['stopped']['reason']}")
+        if "privacy" in summary:
+            p = summary["privacy"]
+            print(f"fedapp: privacy spent: epsilon {p['epsilon']:.4g} at delta {p['delta']:g} "
+                  f"({p['releases']} rounds, noise on the {p['mode']})")
         print(f"fedapp: results in {run_dir} (summary.json, rounds.jsonl, accuracy.png)")
         return 0
     if status == "finished:completed" and results_elsewhere:
@@ -311,6 +317,11 @@ def cmd_settings(args: argparse.Namespace) -> int:
         flat = resolve_settings(args.preset, args.set)[0]
         report = settings_report(flat)
         known, fields = known_methods(flat), {**SHARED_KEYS, **method_keys(flat)}
+        if report["settings"].get("differential-privacy"):
+            # Whether the method can have it is a rule across settings (its card, the loop),
+            # which only the run's whole check applies: refused here as `fedapp run` refuses.
+            from strategies import load_config
+            load_config(flat)
     except (ConfigError, OSError) as exc:
         print(f"fedapp: {exc}", file=sys.stderr)
         return 2

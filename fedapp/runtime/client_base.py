@@ -31,7 +31,7 @@ from fedapp.config import ConfigError, RunConfig, client_cache_budget
 from fedapp.data import setup
 from fedapp.data.local_data import expected_input, load_local_data
 from fedapp.data.partitions import ClientData, load_client_data
-from fedapp.runtime import attacks, checkpoint
+from fedapp.runtime import attacks, checkpoint, privacy
 from fedapp.runtime.class_stats import ClassMeans, class_means
 from fedapp.runtime.payload import Payload, from_ndarrays, to_ndarrays
 from fedapp.runtime.speeds import has_stragglers, update_duration
@@ -544,6 +544,11 @@ class FedClient(NumPyClient):
             # measured from.
             upload = attacks.attack_upload(upload, received, self.cfg, self.partition_id,
                                            server_round, self.num_classes)
+        if self.cfg.differential_privacy and privacy.mode_of(self.cfg.payload_kinds) == "client":
+            # Local differential privacy: the whole upload clipped and noised before it
+            # leaves (fedapp.runtime.privacy; in server mode the server adds the noise).
+            upload = privacy.private_upload(upload, received, self.cfg, self.partition_id,
+                                            server_round)
         if self.cfg.clock == "arrival" and has_stragglers(self.cfg):
             # A slower device: the same work, taking (duration - 1) x longer
             # (fedapp.runtime.speeds).
