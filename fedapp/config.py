@@ -82,6 +82,10 @@ PAYLOAD_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
     "server-training": ((), "the server trains a model of its own on the individual uploaded "
                         "pairs or heads (no average to make robust); filtering outlying "
                         "pairs is not implemented"),
+    "slices": ((), "each coordinate of the global model is averaged over the clients whose "
+               "width slice holds it, a different set per coordinate, and the robust rules "
+               "need whole uploads of one shape; a per-coordinate robust rule is not "
+               "implemented"),
 }
 
 

@@ -1,0 +1,208 @@
+"""Width-sliceable models: one global network whose sub-models keep ⌈r·w⌉ channels of every
+hidden layer (HeteroFL, FedRolex, FjORD; docs/submodels.md).
+
+A model of rate r ∈ (0, 1] is built directly at its width, never as the global model with
+channels masked out: a client of rate 1/16 holds 1/256 of the global convolutions' weights.
+Which global channels a slice holds is the index maps' business
+(:mod:`fedapp.runtime.submodels`); here only the shapes and the layers live.
+
+- Widths are ⌈r·w⌉ computed on exact rationals, as HeteroFL's ``np.ceil(model_rate * x)``
+  meant to and FjORD's ``ceil(p * w)`` should (FjORD's 0.6000000000000001 would give one
+  channel too many wherever 0.6·w is an integer): ``scale_channels``'s ``round()`` of the zoo
+  gives 38 for 0.6·64 where the papers need 39.
+- Normalisation (``norm``): ``"static"`` is HeteroFL's static BatchNorm (batch statistics,
+  nothing tracked, affine sliced with the channels); ``"none"`` leaves it out.
+- The Scaler (HeteroFL): divides its input by r/r_global while training, identity in eval, so
+  that a narrow sub-model's pre-activations have the global model's scale.
+
+Families (``WIDTH_FAMILIES``; every model is a :class:`~client_models.base.HeteroModel`, the
+extractor ending in average pooling so that the head's input is the last layer's channels):
+
+- ``heterofl-conv``: HeteroFL's MNIST/FMNIST "conv" (``src/models/conv.py``): 3x3 convs
+  64-128-256-512 each followed by Scaler, BN, ReLU, with 2x2 max-pooling between blocks; global
+  average pooling and Linear(512, C). 1,556,874 parameters at r = 1 on 1x28x28, C = 10.
+- ``heterofl-resnet{10,14,18,22,26}``: HeteroFL's pre-activation ResNet (``resnet.py``) with
+  the zoo's stage depths (``resnets.RESNET_STAGE_BLOCKS``; HeteroFL's ResNet-18 is
+  [2, 2, 2, 2], Felo's global model a ResNet-26): stem conv3x3 64, four stages 64-128-256-512
+  with strides 1-2-2-2, each block BN-ReLU-conv-BN-ReLU-conv plus an identity or 1x1 shortcut
+  taken after the first BN-ReLU, then BN-ReLU, average pooling and Linear(512, C).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .base import HeteroModel, ModelConfigError, check_common_args, probe_output_shape
+from .resnets import RESNET_STAGE_BLOCKS
+
+CONV_WIDTHS = (64, 128, 256, 512)  # HeteroFL's cfg['conv']['hidden_size']
+RESNET_WIDTHS = (64, 128, 256, 512)  # cfg['resnet']['hidden_size']
+NORMS = ("static", "none")
+
+
+def exact_rate(rate: float | Fraction | str) -> Fraction:
+    """``rate`` as an exact fraction: 0.6 is 3/5, not 0.59999999999999997779."""
+    return Fraction(str(rate)) if not isinstance(rate, Fraction) else rate
+
+
+def width_channels(channels: int, rate: float | Fraction | str) -> int:
+    """⌈r·w⌉ on exact rationals, never below 1 (HeteroFL's and FjORD's rounding)."""
+    return max(1, math.ceil(exact_rate(rate) * channels))
+
+
+class Scaler(nn.Module):
+    """HeteroFL's Scaler: ``x / rate`` while training, ``x`` in evaluation."""
+
+    def __init__(self, rate: float) -> None:
+        super().__init__()
+        self.rate = float(rate)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x / self.rate if self.training else x
+
+    def extra_repr(self) -> str:
+        return f"rate={self.rate:g}"
+
+
+def static_bn(channels: int) -> nn.BatchNorm2d:
+    """HeteroFL's static BatchNorm: batch statistics in training and evaluation alike, nothing
+    tracked (``momentum=None, track_running_stats=False``); the affine γ, β are sliced with the
+    channels. :func:`fedapp.runtime.submodels.with_statistics` gives it statistics for
+    evaluation (sBN)."""
+    return nn.BatchNorm2d(channels, momentum=None, track_running_stats=False)
+
+
+def _norm(kind: str, channels: int) -> nn.Module:
+    return static_bn(channels) if kind == "static" else nn.Identity()
+
+
+def build_heterofl_conv(input_shape: tuple[int, int, int], num_classes: int, rate: float,
+                        norm: str = "static", scaler: bool = True) -> HeteroModel:
+    widths = [width_channels(w, rate) for w in CONV_WIDTHS]
+    layers: list[nn.Module] = []
+    in_channels = input_shape[0]
+    for i, out_channels in enumerate(widths):
+        layers += [nn.Conv2d(in_channels, out_channels, 3, 1, 1),
+                   Scaler(rate) if scaler else nn.Identity(), _norm(norm, out_channels),
+                   nn.ReLU(inplace=True)]
+        if i < len(widths) - 1:
+            layers.append(nn.MaxPool2d(2))
+        in_channels = out_channels
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+    body = nn.Sequential(*layers)
+    probe_output_shape(body, input_shape, "heterofl-conv")
+    return HeteroModel("heterofl-conv", "heterofl-conv", input_shape, body, widths[-1],
+                       num_classes)
+
+
+class PreActBlock(nn.Module):
+    """HeteroFL's ``Block``: pre-activation BasicBlock; the shortcut (a 1x1 conv when the
+    shape changes) reads the block's first BN-ReLU output, as the code's."""
+
+    def __init__(self, in_planes: int, planes: int, stride: int, rate: float, norm: str,
+                 scaler: bool) -> None:
+        super().__init__()
+        self.n1 = _norm(norm, in_planes)
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride, 1, bias=False)
+        self.n2 = _norm(norm, planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.scaler = Scaler(rate) if scaler else nn.Identity()
+        self.shortcut = (nn.Conv2d(in_planes, planes, 1, stride, bias=False)
+                         if stride != 1 or in_planes != planes else None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.relu(self.n1(self.scaler(x)))
+        shortcut = self.shortcut(out) if self.shortcut is not None else x
+        out = self.conv1(out)
+        out = self.conv2(F.relu(self.n2(self.scaler(out))))
+        return out + shortcut
+
+
+class PreActTail(nn.Module):
+    """The last BN-ReLU before pooling (HeteroFL's ``n4`` with its Scaler)."""
+
+    def __init__(self, channels: int, rate: float, norm: str, scaler: bool) -> None:
+        super().__init__()
+        self.scaler = Scaler(rate) if scaler else nn.Identity()
+        self.n4 = _norm(norm, channels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.relu(self.n4(self.scaler(x)))
+
+
+def build_heterofl_resnet(arch: str, input_shape: tuple[int, int, int], num_classes: int,
+                          rate: float, norm: str = "static", scaler: bool = True) -> HeteroModel:
+    blocks = RESNET_STAGE_BLOCKS[arch.removeprefix("heterofl-")]
+    widths = [width_channels(w, rate) for w in RESNET_WIDTHS]
+    layers: list[nn.Module] = [nn.Conv2d(input_shape[0], widths[0], 3, 1, 1, bias=False)]
+    in_planes = widths[0]
+    for planes, count, stride in zip(widths, blocks, (1, 2, 2, 2)):
+        stage = []
+        for i in range(count):
+            stage.append(PreActBlock(in_planes, planes, stride if i == 0 else 1, rate, norm,
+                                     scaler))
+            in_planes = planes
+        layers.append(nn.Sequential(*stage))
+    layers += [PreActTail(widths[-1], rate, norm, scaler), nn.AdaptiveAvgPool2d(1),
+               nn.Flatten()]
+    body = nn.Sequential(*layers)
+    probe_output_shape(body, input_shape, arch)
+    return HeteroModel(arch, "heterofl-resnet", input_shape, body, widths[-1], num_classes)
+
+
+WIDTH_FAMILIES: dict[str, str] = {
+    "heterofl-conv": "HeteroFL's conv: 3x3 convs 64-128-256-512 (Scaler, BN, ReLU, max-pool), "
+                     "average pooling, Linear(512, C)",
+    **{f"heterofl-{name}": f"HeteroFL's pre-activation ResNet, blocks per stage "
+                           f"{list(blocks)}, widths 64-128-256-512"
+       for name, blocks in RESNET_STAGE_BLOCKS.items()},
+}
+
+
+def check_rate(rate: object, what: str = "rate") -> Fraction:
+    """``rate`` as an exact fraction in (0, 1]; ModelConfigError otherwise."""
+    try:
+        exact = exact_rate(rate) if not isinstance(rate, bool) else None
+    except (ValueError, ZeroDivisionError, TypeError):
+        exact = None
+    if exact is None or not 0 < exact <= 1:
+        raise ModelConfigError(f"{what} {rate!r} is not allowed: a sub-model's width rate must "
+                               "be a number in (0, 1] (1 = the global model)")
+    return exact
+
+
+def build_width_model(arch: str, input_shape: tuple[int, int, int], num_classes: int,
+                      rate: float | Fraction | str = 1, norm: str = "static",
+                      scaler: bool = True) -> HeteroModel:
+    """The sub-model of rate ``rate`` of the width-sliceable ``arch`` (``WIDTH_FAMILIES``):
+    every hidden layer ⌈rate·w⌉ channels wide; the input channels and the C outputs stay."""
+    if arch not in WIDTH_FAMILIES:
+        raise ModelConfigError(
+            f"architecture {arch!r} cannot be sliced by width: the sub-model methods need one "
+            f"of {', '.join(WIDTH_FAMILIES)} (docs/submodels.md)")
+    exact = check_rate(rate)
+    if norm not in NORMS:
+        raise ModelConfigError(f"norm {norm!r} is not allowed: expected one of {NORMS}")
+    shape = check_common_args(arch, input_shape, num_classes, None, 1.0)
+    if arch == "heterofl-conv":
+        return build_heterofl_conv(shape, int(num_classes), float(exact), norm, scaler)
+    return build_heterofl_resnet(arch, shape, int(num_classes), float(exact), norm, scaler)
+
+
+def scalers(model: nn.Module) -> list[Scaler]:
+    return [m for m in model.modules() if isinstance(m, Scaler)]
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def static_norms(model: nn.Module) -> list[nn.BatchNorm2d]:
+    """The model's BatchNorm layers (static ones track nothing until given statistics)."""
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
