@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import HeteroModel, ModelConfigError, check_common_args, probe_output_shape
+from .base import HeteroModel, ModelConfigError, check_common_args
 from .resnets import RESNET_STAGE_BLOCKS
 
 CONV_WIDTHS = (64, 128, 256, 512)  # HeteroFL's cfg['conv']['hidden_size']
@@ -77,6 +77,19 @@ def static_bn(channels: int) -> nn.BatchNorm2d:
     return nn.BatchNorm2d(channels, momentum=None, track_running_stats=False)
 
 
+def _check_input(body: nn.Module, input_shape: tuple[int, int, int], arch: str) -> None:
+    """Refuse an input the poolings shrink to nothing. A batch of two zeros: static BNs use
+    batch statistics even in evaluation, which a single 1x1 map does not have (the zoo's
+    ``probe_output_shape`` sends one image)."""
+    try:
+        with torch.no_grad():
+            body(torch.zeros(2, *input_shape))
+    except (RuntimeError, ValueError) as error:
+        raise ModelConfigError(
+            f"input_shape={tuple(input_shape)} is too small for {arch!r}: "
+            f"{str(error).strip().splitlines()[0]}") from None
+
+
 def _norm(kind: str, channels: int) -> nn.Module:
     return static_bn(channels) if kind == "static" else nn.Identity()
 
@@ -95,7 +108,7 @@ def build_heterofl_conv(input_shape: tuple[int, int, int], num_classes: int, rat
         in_channels = out_channels
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
     body = nn.Sequential(*layers)
-    probe_output_shape(body, input_shape, "heterofl-conv")
+    _check_input(body, input_shape, "heterofl-conv")
     return HeteroModel("heterofl-conv", "heterofl-conv", input_shape, body, widths[-1],
                        num_classes)
 
@@ -151,7 +164,7 @@ def build_heterofl_resnet(arch: str, input_shape: tuple[int, int, int], num_clas
     layers += [PreActTail(widths[-1], rate, norm, scaler), nn.AdaptiveAvgPool2d(1),
                nn.Flatten()]
     body = nn.Sequential(*layers)
-    probe_output_shape(body, input_shape, arch)
+    _check_input(body, input_shape, arch)
     return HeteroModel(arch, "heterofl-resnet", input_shape, body, widths[-1], num_classes)
 
 
