@@ -94,9 +94,16 @@ def _norm(kind: str, channels: int) -> nn.Module:
     return static_bn(channels) if kind == "static" else nn.Identity()
 
 
+def global_widths(widths: tuple[int, ...], width: float) -> list[int]:
+    """The global model's layer widths under the run's ``model-width`` (⌈width·w⌉): a
+    CPU-sized global model, which the rates then slice."""
+    return [width_channels(w, width) for w in widths]
+
+
 def build_heterofl_conv(input_shape: tuple[int, int, int], num_classes: int, rate: float,
-                        norm: str = "static", scaler: bool = True) -> HeteroModel:
-    widths = [width_channels(w, rate) for w in CONV_WIDTHS]
+                        norm: str = "static", scaler: bool = True,
+                        width: float = 1.0) -> HeteroModel:
+    widths = [width_channels(w, rate) for w in global_widths(CONV_WIDTHS, width)]
     layers: list[nn.Module] = []
     in_channels = input_shape[0]
     for i, out_channels in enumerate(widths):
@@ -149,9 +156,10 @@ class PreActTail(nn.Module):
 
 
 def build_heterofl_resnet(arch: str, input_shape: tuple[int, int, int], num_classes: int,
-                          rate: float, norm: str = "static", scaler: bool = True) -> HeteroModel:
+                          rate: float, norm: str = "static", scaler: bool = True,
+                          width: float = 1.0) -> HeteroModel:
     blocks = RESNET_STAGE_BLOCKS[arch.removeprefix("heterofl-")]
-    widths = [width_channels(w, rate) for w in RESNET_WIDTHS]
+    widths = [width_channels(w, rate) for w in global_widths(RESNET_WIDTHS, width)]
     layers: list[nn.Module] = [nn.Conv2d(input_shape[0], widths[0], 3, 1, 1, bias=False)]
     in_planes = widths[0]
     for planes, count, stride in zip(widths, blocks, (1, 2, 2, 2)):
@@ -191,9 +199,10 @@ def check_rate(rate: object, what: str = "rate") -> Fraction:
 
 def build_width_model(arch: str, input_shape: tuple[int, int, int], num_classes: int,
                       rate: float | Fraction | str = 1, norm: str = "static",
-                      scaler: bool = True) -> HeteroModel:
+                      scaler: bool = True, width: float = 1.0) -> HeteroModel:
     """The sub-model of rate ``rate`` of the width-sliceable ``arch`` (``WIDTH_FAMILIES``):
-    every hidden layer ⌈rate·w⌉ channels wide; the input channels and the C outputs stay."""
+    every hidden layer ⌈rate·W⌉ channels wide, W = ⌈width·w⌉ the global model's (``width``:
+    the run's ``model-width``, 1 in the papers); the input channels and the C outputs stay."""
     if arch not in WIDTH_FAMILIES:
         raise ModelConfigError(
             f"architecture {arch!r} cannot be sliced by width: the sub-model methods need one "
@@ -201,10 +210,11 @@ def build_width_model(arch: str, input_shape: tuple[int, int, int], num_classes:
     exact = check_rate(rate)
     if norm not in NORMS:
         raise ModelConfigError(f"norm {norm!r} is not allowed: expected one of {NORMS}")
-    shape = check_common_args(arch, input_shape, num_classes, None, 1.0)
+    shape = check_common_args(arch, input_shape, num_classes, None, width)
     if arch == "heterofl-conv":
-        return build_heterofl_conv(shape, int(num_classes), float(exact), norm, scaler)
-    return build_heterofl_resnet(arch, shape, int(num_classes), float(exact), norm, scaler)
+        return build_heterofl_conv(shape, int(num_classes), float(exact), norm, scaler, width)
+    return build_heterofl_resnet(arch, shape, int(num_classes), float(exact), norm, scaler,
+                                 width)
 
 
 def scalers(model: nn.Module) -> list[Scaler]:

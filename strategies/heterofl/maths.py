@@ -52,9 +52,11 @@ from strategies.heterofl import HeteroFLSettings
 
 def width_model(cfg, rate: Fraction, input_shape: tuple[int, int, int],
                 num_classes: int) -> nn.Module:
-    """The run's global architecture at ``rate`` (static BN; Scaler as the settings say)."""
+    """The run's global architecture at ``rate`` (static BN; Scaler as the settings say),
+    sliced from a global model of ``model-width``."""
     s: HeteroFLSettings = cfg.settings
-    return build_width_model(s.global_arch, input_shape, num_classes, rate, "static", s.scaler)
+    return build_width_model(s.global_arch, input_shape, num_classes, rate, "static", s.scaler,
+                             cfg.model_width)
 
 
 class MaskedHead(nn.Module):
