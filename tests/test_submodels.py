@@ -264,11 +264,16 @@ def test_the_label_split_head_counts_only_a_clients_own_classes():
 
 @pytest.mark.parametrize("method", ["heterofl", "fedrolex"])
 def test_a_client_receives_and_sends_only_its_slice(tmp_path, method):
-    fed, recorder = recorded_federation(tmp_path, method, rounds=2, **SMALL,
+    # A global model of model-width 1/4 (16-32-64-128), sliced at 1, 1/4 and 1/16.
+    fed, recorder = recorded_federation(tmp_path, method, rounds=2, **SMALL, model_width=0.25,
                                         **{f"{method}.rates": "a,c,e"})
     strategy = fed.strategy
-    floats = {pid: parameter_count(build_width_model("heterofl-conv", (1, 8, 8), 10, r))
+    floats = {pid: parameter_count(build_width_model("heterofl-conv", (1, 8, 8), 10, r,
+                                                     width=0.25))
               for pid, r in enumerate((1, Fraction(1, 4), Fraction(1, 16)))}
+    # ⌈⌈w/4⌉/16⌉ = 1, 2, 4, 8 channels: each conv's weights and bias, each BN's γ and β, the head.
+    assert floats[2] == (1 * 1 * 9 + 1 + 2) + (2 * 1 * 9 + 2 + 4) + (4 * 2 * 9 + 4 + 8) \
+        + (8 * 4 * 9 + 8 + 16) + (10 * 8 + 10) == 522
     for rnd in (1, 2):
         seen = fed.fit_round(rnd)
         for pid, (down, res) in seen.items():
@@ -283,7 +288,7 @@ def test_a_client_receives_and_sends_only_its_slice(tmp_path, method):
         assert record["bytes_up"] == record["bytes_down"] == 4 * sum(floats.values())
         # The paper's evaluation: the global model on the global test set, beside the clients'.
         assert "global" in record["server_accuracy"]
-    assert strategy.global_model["head.weight"].shape == (10, 512)
+    assert strategy.global_model["head.weight"].shape == (10, 128)
 
 
 def test_fedrolex_and_heterofl_differ_only_in_the_window():
