@@ -26,5 +26,5 @@ RECIPE = {"optimizer": "sgd", "lr": 2e-4, "momentum": 0.9, "weight-decay": 1e-3,
 METHOD = Method("HeteroFL's width slices, but each layer's kept channels are a window that "
                 "rolls by one index per round, so every channel of the global model is trained "
                 "equally often",
-                strategy_class="FedRolex", client_class="SubmodelClient",
+                strategy_class="FedRolex", client_class="FedRolexClient",
                 settings=FedRolexSettings, recipe=RECIPE, payload_kinds=("slices",))

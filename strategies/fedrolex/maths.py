@@ -13,7 +13,12 @@ of a layer is in exactly k of the windows.
 
 from __future__ import annotations
 
-from strategies.heterofl.maths import HeteroFL, SubmodelClient  # noqa: F401 (the card's client)
+from strategies.heterofl.maths import HeteroFL, SubmodelClient
+
+
+class FedRolexClient(SubmodelClient):
+    """HeteroFL's client: it trains the slice it receives, whichever window it is (the window
+    is the server's business and never travels)."""
 
 
 class FedRolex(HeteroFL):
