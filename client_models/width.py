@@ -58,7 +58,7 @@ def width_channels(channels: int, rate: float | Fraction | str) -> int:
 class Scaler(nn.Module):
     """HeteroFL's Scaler: ``x / rate`` while training, ``x`` in evaluation."""
 
-    def __init__(self, rate: float) -> None:
+    def __init__(self, rate: float | Fraction) -> None:
         super().__init__()
         self.rate = float(rate)
 
@@ -100,7 +100,7 @@ def global_widths(widths: tuple[int, ...], width: float) -> list[int]:
     return [width_channels(w, width) for w in widths]
 
 
-def build_heterofl_conv(input_shape: tuple[int, int, int], num_classes: int, rate: float,
+def build_heterofl_conv(input_shape: tuple[int, int, int], num_classes: int, rate: Fraction,
                         norm: str = "static", scaler: bool = True,
                         width: float = 1.0) -> HeteroModel:
     widths = [width_channels(w, rate) for w in global_widths(CONV_WIDTHS, width)]
@@ -124,7 +124,7 @@ class PreActBlock(nn.Module):
     """HeteroFL's ``Block``: pre-activation BasicBlock; the shortcut (a 1x1 conv when the
     shape changes) reads the block's first BN-ReLU output, as the code's."""
 
-    def __init__(self, in_planes: int, planes: int, stride: int, rate: float, norm: str,
+    def __init__(self, in_planes: int, planes: int, stride: int, rate: Fraction, norm: str,
                  scaler: bool) -> None:
         super().__init__()
         self.n1 = _norm(norm, in_planes)
@@ -146,7 +146,7 @@ class PreActBlock(nn.Module):
 class PreActTail(nn.Module):
     """The last BN-ReLU before pooling (HeteroFL's ``n4`` with its Scaler)."""
 
-    def __init__(self, channels: int, rate: float, norm: str, scaler: bool) -> None:
+    def __init__(self, channels: int, rate: Fraction, norm: str, scaler: bool) -> None:
         super().__init__()
         self.scaler = Scaler(rate) if scaler else nn.Identity()
         self.n4 = _norm(norm, channels)
@@ -156,7 +156,7 @@ class PreActTail(nn.Module):
 
 
 def build_heterofl_resnet(arch: str, input_shape: tuple[int, int, int], num_classes: int,
-                          rate: float, norm: str = "static", scaler: bool = True,
+                          rate: Fraction, norm: str = "static", scaler: bool = True,
                           width: float = 1.0) -> HeteroModel:
     blocks = RESNET_STAGE_BLOCKS[arch.removeprefix("heterofl-")]
     widths = [width_channels(w, rate) for w in global_widths(RESNET_WIDTHS, width)]
@@ -212,13 +212,8 @@ def build_width_model(arch: str, input_shape: tuple[int, int, int], num_classes:
         raise ModelConfigError(f"norm {norm!r} is not allowed: expected one of {NORMS}")
     shape = check_common_args(arch, input_shape, num_classes, None, width)
     if arch == "heterofl-conv":
-        return build_heterofl_conv(shape, int(num_classes), float(exact), norm, scaler, width)
-    return build_heterofl_resnet(arch, shape, int(num_classes), float(exact), norm, scaler,
-                                 width)
-
-
-def scalers(model: nn.Module) -> list[Scaler]:
-    return [m for m in model.modules() if isinstance(m, Scaler)]
+        return build_heterofl_conv(shape, int(num_classes), exact, norm, scaler, width)
+    return build_heterofl_resnet(arch, shape, int(num_classes), exact, norm, scaler, width)
 
 
 def parameter_count(model: nn.Module) -> int:
