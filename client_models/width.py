@@ -42,7 +42,7 @@ from .resnets import RESNET_STAGE_BLOCKS
 
 CONV_WIDTHS = (64, 128, 256, 512)  # HeteroFL's cfg['conv']['hidden_size']
 RESNET_WIDTHS = (64, 128, 256, 512)  # cfg['resnet']['hidden_size']
-NORMS = ("static", "none")
+NORMS = ("static", "none", "per-width")
 
 
 def exact_rate(rate: float | Fraction | str) -> Fraction:
@@ -77,6 +77,65 @@ def static_bn(channels: int) -> nn.BatchNorm2d:
     return nn.BatchNorm2d(channels, momentum=None, track_running_stats=False)
 
 
+class ODConv2d(nn.Conv2d):
+    """FjORD's ordered-dropout convolution: at the model's active width p it uses the leading
+    ⌈p·G⌉ output channels (G: the layer's global width) of its weights and as many input
+    channels as its input has; with no active width, the whole layer (a plain Conv2d)."""
+
+    def __init__(self, *args, global_out: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.global_out = global_out
+        self.active: Fraction | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.active is None:
+            return super().forward(x)
+        k = width_channels(self.global_out, self.active)
+        bias = self.bias[:k] if self.bias is not None else None
+        return F.conv2d(x, self.weight[:k, :x.shape[1]], bias, self.stride, self.padding)
+
+
+class ODLinear(nn.Linear):
+    """The head under ordered dropout: all C outputs, its inputs the active width's."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight[:, :x.shape[1]], self.bias)
+
+
+class PerWidthBN(nn.Module):
+    """FjORD's ``ODBatchNorm2d``: one affine-free BatchNorm with its own running statistics per
+    width p of ``widths`` (buffers ``running_mean_<i>``, ``running_var_<i>``, i the width's
+    index in the run's list P, so that a slice's buffers have the global model's names), and
+    one shared affine γ, β sliced to the active width. Momentum 0.1, as BatchNorm2d's."""
+
+    def __init__(self, channels: int, global_channels: int,
+                 widths: dict[int, Fraction]) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+        self.widths = widths  # index in P -> p, the widths this model can run at
+        self.active: Fraction | None = None
+        for i, p in widths.items():  # width p's statistics: its ⌈p·G⌉ channels
+            size = width_channels(global_channels, p)
+            self.register_buffer(f"running_mean_{i}", torch.zeros(size))
+            self.register_buffer(f"running_var_{i}", torch.ones(size))
+
+    def forward(self, x: Tensor) -> Tensor:
+        p = self.active if self.active is not None else max(self.widths.values())
+        i = next(i for i, q in self.widths.items() if q == p)
+        c = x.shape[1]
+        return F.batch_norm(x, getattr(self, f"running_mean_{i}"),
+                            getattr(self, f"running_var_{i}"), self.weight[:c],
+                            self.bias[:c], self.training, 0.1, 1e-5)
+
+
+def set_width(model: nn.Module, p: Fraction | None) -> None:
+    """Run every ordered-dropout layer of ``model`` at width p (None: the model's own)."""
+    for module in model.modules():
+        if isinstance(module, (ODConv2d, PerWidthBN)):
+            module.active = p
+
+
 def _check_input(body: nn.Module, input_shape: tuple[int, int, int], arch: str) -> None:
     """Refuse an input the poolings shrink to nothing. A batch of two zeros: static BNs use
     batch statistics even in evaluation, which a single 1x1 map does not have (the zoo's
@@ -102,13 +161,19 @@ def global_widths(widths: tuple[int, ...], width: float) -> list[int]:
 
 def build_heterofl_conv(input_shape: tuple[int, int, int], num_classes: int, rate: Fraction,
                         norm: str = "static", scaler: bool = True,
-                        width: float = 1.0) -> HeteroModel:
-    widths = [width_channels(w, rate) for w in global_widths(CONV_WIDTHS, width)]
+                        width: float = 1.0, od_widths: tuple[Fraction, ...] = ()
+                        ) -> HeteroModel:
+    full = global_widths(CONV_WIDTHS, width)
+    widths = [width_channels(w, rate) for w in full]
+    # FjORD (norm "per-width"): the widths of P this model can run at, by their index in P.
+    allowed = {i: p for i, p in enumerate(od_widths) if p <= rate}
     layers: list[nn.Module] = []
     in_channels = input_shape[0]
     for i, out_channels in enumerate(widths):
-        layers += [nn.Conv2d(in_channels, out_channels, 3, 1, 1),
-                   Scaler(rate) if scaler else nn.Identity(), _norm(norm, out_channels),
+        layers += [ODConv2d(in_channels, out_channels, 3, 1, 1, global_out=full[i]),
+                   Scaler(rate) if scaler else nn.Identity(),
+                   PerWidthBN(out_channels, full[i], allowed) if norm == "per-width"
+                   else _norm(norm, out_channels),
                    nn.ReLU(inplace=True)]
         if i < len(widths) - 1:
             layers.append(nn.MaxPool2d(2))
@@ -116,8 +181,10 @@ def build_heterofl_conv(input_shape: tuple[int, int, int], num_classes: int, rat
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
     body = nn.Sequential(*layers)
     _check_input(body, input_shape, "heterofl-conv")
-    return HeteroModel("heterofl-conv", "heterofl-conv", input_shape, body, widths[-1],
-                       num_classes)
+    model = HeteroModel("heterofl-conv", "heterofl-conv", input_shape, body, widths[-1],
+                        num_classes)
+    model.head = ODLinear(widths[-1], num_classes)
+    return model
 
 
 class PreActBlock(nn.Module):
@@ -199,7 +266,8 @@ def check_rate(rate: object, what: str = "rate") -> Fraction:
 
 def build_width_model(arch: str, input_shape: tuple[int, int, int], num_classes: int,
                       rate: float | Fraction | str = 1, norm: str = "static",
-                      scaler: bool = True, width: float = 1.0) -> HeteroModel:
+                      scaler: bool = True, width: float = 1.0,
+                      od_widths: tuple[Fraction, ...] = ()) -> HeteroModel:
     """The sub-model of rate ``rate`` of the width-sliceable ``arch`` (``WIDTH_FAMILIES``):
     every hidden layer ⌈rate·W⌉ channels wide, W = ⌈width·w⌉ the global model's (``width``:
     the run's ``model-width``, 1 in the papers); the input channels and the C outputs stay."""
@@ -212,7 +280,11 @@ def build_width_model(arch: str, input_shape: tuple[int, int, int], num_classes:
         raise ModelConfigError(f"norm {norm!r} is not allowed: expected one of {NORMS}")
     shape = check_common_args(arch, input_shape, num_classes, None, width)
     if arch == "heterofl-conv":
-        return build_heterofl_conv(shape, int(num_classes), exact, norm, scaler, width)
+        return build_heterofl_conv(shape, int(num_classes), exact, norm, scaler, width,
+                                   od_widths)
+    if norm == "per-width":
+        raise ModelConfigError(f"architecture {arch!r} has no ordered-dropout version yet "
+                               "(FjORD's per-width BatchNorm): use heterofl-conv")
     return build_heterofl_resnet(arch, shape, int(num_classes), exact, norm, scaler, width)
 
 

@@ -313,3 +313,85 @@ def test_server_statistics_come_from_the_pooled_training_set():
     none = make_strategy("heterofl", **SMALL, **{"heterofl.rates": "e", "heterofl.sbn": "none"})
     assert not static_norms(none.global_predictor())[0].track_running_stats
     assert not torch.allclose(pooled, none.server_predict(x)["global"])
+
+
+# -- FjORD ---------------------------------------------------------------------------------------
+FIFTHS = tuple(Fraction(i, 5) for i in range(1, 6))
+
+
+def test_fjord_samples_only_widths_up_to_its_tier():
+    from strategies.fjord.maths import draw_widths
+    drawn = draw_widths(np.random.default_rng(0), FIFTHS, Fraction(2, 5), 400)
+    assert set(drawn) == {Fraction(1, 5), Fraction(2, 5)}  # never 0.6
+    assert 150 < drawn.count(Fraction(1, 5)) < 250  # uniform
+
+
+def test_fjord_tiers_default_to_five_uniform_blocks_and_must_be_widths():
+    cfg = cfg_of(method="fjord", **{**SMALL, "num_clients": 10})
+    assert cfg.settings.client_rates(cfg, 1) == tuple(p for p in FIFTHS for _ in range(2))
+    with pytest.raises(ConfigError, match=r"tiers \[0.5\] are not in fjord.widths"):
+        cfg_of(method="fjord", **SMALL, **{"fjord.rates": "0.5"})
+    with pytest.raises(ConfigError, match="heterofl-conv only"):
+        cfg_of(method="fjord", **SMALL, **{"fjord.global-arch": "heterofl-resnet10"})
+
+
+def test_ordered_dropout_at_width_p_is_the_width_p_sub_model():
+    # The p_max = 1 model run at p = 2/5 computes what the model built at 2/5 does with the
+    # leading slice and width 2/5's statistics: ordered dropout, its head and per-width BN.
+    from client_models.width import set_width
+    torch.manual_seed(0)
+    options = {"norm": "per-width", "scaler": False, "od_widths": FIFTHS}
+    full = build_width_model("heterofl-conv", (1, 8, 8), 10, 1, **options)
+    part = build_width_model("heterofl-conv", (1, 8, 8), 10, Fraction(2, 5), **options)
+    with torch.no_grad():  # statistics of their own for every width
+        for name, buffer in full.named_buffers():
+            buffer.copy_(torch.rand(buffer.shape) + 0.5)
+    arrays = state_arrays(full)
+    shapes = {k: v.shape for k, v in state_arrays(part).items()}
+    assert not any(k.endswith(("_2", "_3", "_4")) for k in shapes)  # only widths 0.2, 0.4
+    load_arrays(part, extract(arrays, index_maps({k: v.shape for k, v in arrays.items()},
+                                                 shapes)))
+    full.eval(), part.eval()
+    set_width(full, Fraction(2, 5))
+    x = torch.randn(5, 1, 8, 8)
+    with torch.no_grad():
+        assert torch.allclose(full(x), part(x), atol=1e-5)
+
+
+def test_fjord_averages_nested_slices_by_samples_over_the_clients_holding_them():
+    # A (p_max 1, n = 10) uploads a = 1 everywhere, B (p_max 0.4, n = 30) b = 5: B's slice
+    # becomes (10·1 + 30·5) / 40 = 4, the rest A's 1; width 0.2's statistics both, 0.6's A's.
+    strategy = make_strategy("fjord", sizes=[10, 30], **{**SMALL, "num_clients": 2},
+                             **{"fjord.rates": "1,0.4"})
+    manager, proxies = client_manager(strategy)
+    strategy.configure_fit(1, None, manager)
+    uploads = {0: _constant(strategy.slice_shapes(Fraction(1)), 1.0),
+               1: _constant(strategy.slice_shapes(Fraction(2, 5)), 5.0)}
+    strategy.aggregate_fit(1, [(proxies[p], fit_res(u, [10, 30][p], p, "resnet10"))
+                               for p, u in uploads.items()], [])
+    assert strategy._counts["rejected"] == 0
+    after = strategy.global_model
+    conv2 = after["extractor.5.weight"][:, :, 0, 0]  # [128, 64]; B holds [:52, :26]
+    expected = np.ones((128, 64), np.float32)
+    expected[:52, :26] = 4.0
+    assert np.array_equal(conv2, expected)
+    assert np.all(after["extractor.2.running_mean_0"] == 4.0)
+    assert np.all(after["extractor.2.running_mean_2"] == 1.0)
+    assert np.all(after["head.weight"][:, :205] == 4.0) and np.all(after["head.weight"][:, 205:] == 1.0)
+
+
+def test_fjord_client_receives_and_sends_its_slice_and_the_server_scores_every_width(tmp_path):
+    fed, recorder = recorded_federation(tmp_path, "fjord", rounds=1, **SMALL, model_width=0.25,
+                                        **{"fjord.rates": "0.2,0.6,1"})
+    seen = fed.fit_round(1)
+    fed.evaluate_round(1)
+    for pid, (down, res) in seen.items():
+        rate = (Fraction(1, 5), Fraction(3, 5), Fraction(1))[pid]
+        model = build_width_model("heterofl-conv", (1, 8, 8), 10, rate, width=0.25,
+                                  **fed.cfg.settings.model_options(rate))
+        size = sum(v.numel() for v in model.state_dict().values())
+        assert sum(v.nbytes for v in down.values()) == 4 * size
+    record = recorder.history[0]
+    assert record["bytes_up"] == record["bytes_down"]
+    assert set(record["server_accuracy"]) == {"width-0.2", "width-0.4", "width-0.6",
+                                              "width-0.8", "width-1"}

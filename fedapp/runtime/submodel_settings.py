@@ -4,7 +4,8 @@ cards import this (docs/submodels.md).
 
 ``<method>.rates`` says which width rate each client trains, in one of four forms:
 
-- a **proportion string**, HeteroFL's ``a1-b1-c1-d1-e1`` (level letter, then its share);
+- a **proportion string**, HeteroFL's ``a1-b1-c1-d1-e1`` (level letter, then its share), or
+  with values for names, ``0.2:1-0.4:1-1:2`` (FjORD's tiers);
 - **per architecture group**: ``cnn5=a,cnn4=b,cnn3=0.25``: the clients that ``arch-mix``
   gives each architecture (the run's device classes) train that level of the global model;
 - **per client**: ``a,b,b,e`` (one value per client, by partition id);
@@ -33,6 +34,8 @@ LEVELS: dict[str, Fraction] = {name: Fraction(1, 2 ** i) for i, name in enumerat
 
 V = TypeVar("V")
 _PROPORTIONS = re.compile(r"^([a-z]+)(\d+)(-([a-z]+)(\d+))*$")
+# The same with values for names: "0.2:1-0.4:1" (FjORD's tiers and their shares).
+_VALUE_PROPORTIONS = re.compile(r"^[0-9./]+:\d+(-[0-9./]+:\d+)*$")
 
 
 @dataclass(frozen=True)
@@ -74,14 +77,16 @@ def parse_levels(text: str, key: str, names: Mapping[str, V], value: Callable[[s
             raise ConfigError(f"setting {key} = {text!r} is invalid: {token!r} is neither a "
                               f"level ({', '.join(names)}) nor allowed: {exc}") from None
 
-    match = _PROPORTIONS.match(text)
-    if match:
-        pairs = [re.match(r"([a-z]+)(\d+)", part).groups() for part in text.split("-")]
-        unknown = [name for name, _ in pairs if name not in names]
+    if _PROPORTIONS.match(text) or _VALUE_PROPORTIONS.match(text):
+        pairs = [re.match(r"([a-z]+)(\d+)$|(.+):(\d+)$", part).groups()
+                 for part in text.split("-")]
+        pairs = [(name, share) if name else (value_text, shares)
+                 for name, share, value_text, shares in pairs]
+        unknown = [name for name, _ in pairs if name.isalpha() and name not in names]
         if unknown:
             raise ConfigError(f"setting {key} = {text!r} is invalid: unknown level(s) "
                               f"{unknown}; the levels are {', '.join(names)}")
-        levels = [names[name] for name, _ in pairs]
+        levels = [item(name) for name, _ in pairs]
         shares = [int(share) for _, share in pairs]
         if sum(shares) <= 0:
             raise ConfigError(f"setting {key} = {text!r} is invalid: the shares add up to 0")
@@ -185,6 +190,11 @@ class SubmodelSettings:
     def client_rates(self, cfg: RunConfig, server_round: int) -> tuple[Fraction, ...]:
         """Every client's width rate in ``server_round``, by partition id."""
         return round_values(self.plan(cfg), cfg.seed, server_round, cfg.num_clients)
+
+    def model_options(self, rate: Fraction) -> dict:
+        """How the method builds a model of ``rate`` (``client_models.width.build_width_model``'s
+        norm, scaler, ordered-dropout widths)."""
+        return {"norm": "static", "scaler": True}
 
     def check(self, cfg: RunConfig) -> None:
         from client_models.width import WIDTH_FAMILIES

@@ -57,12 +57,13 @@ def index_maps(global_shapes: Mapping[str, Sequence[int]],
                slice_shapes: Mapping[str, Sequence[int]], scheme: str = "leading",
                offset: int = 0) -> IndexMap:
     """Per tensor of a slice, its index arrays into the global model's tensor of that name."""
-    if set(global_shapes) != set(slice_shapes):
-        raise ValueError("a slice must have the global model's tensors: "
-                         f"{sorted(set(global_shapes) ^ set(slice_shapes))} differ")
+    unknown = sorted(set(slice_shapes) - set(global_shapes))
+    if unknown:
+        raise ValueError(f"a slice holds tensors the global model has not: {unknown}")
     maps: IndexMap = {}
-    for name, full in global_shapes.items():
-        part = tuple(slice_shapes[name])
+    # A slice may hold a subset of the tensors (FjORD: the statistics of its own widths only).
+    for name, part in slice_shapes.items():
+        full, part = global_shapes[name], tuple(part)
         if len(part) != len(full) or any(p > f for p, f in zip(part, full)):
             raise ValueError(f"{name}: slice shape {part} does not fit in {tuple(full)}")
         maps[name] = tuple(window(f, p, scheme, offset) for f, p in zip(full, part))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 from fedapp.config import opt
 from fedapp.runtime.submodel_settings import SubmodelSettings
@@ -25,6 +26,9 @@ class HeteroFLSettings(SubmodelSettings):
         "code: the global model forwards the pooled training set of every client, cumulative "
         "average; a client's slice its own training data) or 'none' (evaluate with the test "
         "batch's own statistics, FedRolex's code)", choices=("server-pool", "none"))
+
+    def model_options(self, rate: Fraction) -> dict:
+        return {"norm": "static", "scaler": self.scaler}
 
 
 # HeteroFL's code for MNIST/FMNIST's conv (utils.process_control, train_classifier_fed.py):

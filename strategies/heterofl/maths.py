@@ -52,11 +52,12 @@ from strategies.heterofl import HeteroFLSettings
 
 def width_model(cfg, rate: Fraction, input_shape: tuple[int, int, int],
                 num_classes: int) -> nn.Module:
-    """The run's global architecture at ``rate`` (static BN; Scaler as the settings say),
-    sliced from a global model of ``model-width``."""
+    """The run's global architecture at ``rate``, sliced from a global model of
+    ``model-width``, with the method's normalisation (HeteroFL: static BN and the Scaler as
+    the settings say; FjORD: per-width BN)."""
     s: HeteroFLSettings = cfg.settings
-    return build_width_model(s.global_arch, input_shape, num_classes, rate, "static", s.scaler,
-                             cfg.model_width)
+    return build_width_model(s.global_arch, input_shape, num_classes, rate,
+                             width=cfg.model_width, **s.model_options(rate))
 
 
 class MaskedHead(nn.Module):
