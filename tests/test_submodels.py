@@ -331,6 +331,8 @@ def test_fjord_tiers_default_to_five_uniform_blocks_and_must_be_widths():
     assert cfg.settings.client_rates(cfg, 1) == tuple(p for p in FIFTHS for _ in range(2))
     with pytest.raises(ConfigError, match=r"tiers \[0.5\] are not in fjord.widths"):
         cfg_of(method="fjord", **SMALL, **{"fjord.rates": "0.5"})
+    with pytest.raises(ConfigError, match="must include 1"):
+        cfg_of(method="fjord", **SMALL, **{"fjord.widths": "0.2,0.5", "fjord.rates": "0.5"})
     with pytest.raises(ConfigError, match="heterofl-conv only"):
         cfg_of(method="fjord", **SMALL, **{"fjord.global-arch": "heterofl-resnet10"})
 

@@ -34,6 +34,9 @@ class FjORDSettings(SubmodelSettings):
         except ValueError as exc:
             raise ConfigError(f"setting fjord.widths = {self.widths!r} is invalid: {exc}"
                               ) from None
+        if widths[-1] != 1:
+            raise ConfigError(f"setting fjord.widths = {self.widths!r} is invalid: it must "
+                              "include 1, the global model's width")
         super().check(cfg)
         if self.global_arch != "heterofl-conv":
             raise ConfigError(f"setting fjord.global-arch = {self.global_arch!r} is invalid: "

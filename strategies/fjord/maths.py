@@ -52,7 +52,6 @@ class FjORDClient(SubmodelClient):
 
     def train(self, server_round: int) -> TrainStats:
         s: FjORDSettings = self.cfg.settings
-        self._widths = iter(())
         self._sampler = (np.random.default_rng(
             derive_seed(self.cfg.seed, "fjord-width", self.partition_id, server_round)),
             s.width_set())
