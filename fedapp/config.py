@@ -83,8 +83,9 @@ PAYLOAD_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
                         "pairs or heads (no average to make robust); filtering outlying "
                         "pairs is not implemented"),
     "sub-model": ((), "each entry of the global model is averaged over the clients whose "
-                  "sub-model holds it, a different set of clients per entry; a robust rule "
-                  "per entry is not implemented"),
+                  "sub-model (a width slice or a depth prefix) holds it, a different set of "
+                  "clients per entry, and the robust rules need whole uploads of one shape; a "
+                  "robust rule per entry is not implemented"),
 }
 
 

@@ -1,0 +1,160 @@
+"""The sub-model kit: clients that train slices of one global model (HeteroFL, FedRolex,
+FjORD; docs/submodels.md).
+
+A client of rate r holds a model built at its own width (``client_models.width``); which
+coordinates of the global model its tensors are, is an **index map**: per tensor, one index
+array per dimension into the global tensor. The maps follow from the shapes alone: a
+dimension is sliced exactly where the slice is narrower than the global tensor (a hidden
+layer's channels), and every other dimension (the image channels, a kernel's 3x3, the C
+outputs of the head) is kept whole. Along a sliced dimension of global size w the slice keeps
+k = ⌈r·w⌉ indices chosen by the **index scheme**:
+
+- ``leading``: 0, 1, ..., k-1 (HeteroFL, FjORD: nested sub-models);
+- ``rolling``: {(j − t) mod w : j < k} for the round's offset t, in that order (FedRolex:
+  ``torch.roll(arange(w), t)[:k]``), so that over w rounds every channel is trained equally
+  often. A layer's input indices are its predecessor's output indices because both are the
+  same function of (w, k, t).
+
+The server's step is the **coordinate-count average** (:class:`CoordinateAverage`): every
+client adds its values and a count of 1 at the coordinates its slice holds (Σ values and Σ
+counts per coordinate, what a secure sum gives); coordinates with a count take Σ/count, the
+others keep their value. Optionally the head's rows are restricted to the client's own labels
+(HeteroFL's label-split head) and the values weighted (FjORD's n_k).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedapp.runtime.payload import Payload
+
+INDEX_SCHEMES = ("leading", "rolling")
+HEAD_KEYS = ("head.weight", "head.bias")
+
+# Per tensor, one int64 index array per dimension into the global tensor.
+IndexMap = dict[str, tuple[np.ndarray, ...]]
+
+
+def window(width: int, kept: int, scheme: str, offset: int = 0) -> np.ndarray:
+    """The ``kept`` indices out of ``width`` that a slice holds along one dimension."""
+    if not 0 < kept <= width:
+        raise ValueError(f"a slice cannot keep {kept} of {width} indices")
+    if scheme == "leading" or kept == width:
+        # A whole dimension is kept in its own order: the rolled order of all w indices would
+        # give the same function, permuted.
+        return np.arange(kept, dtype=np.int64)
+    if scheme == "rolling":
+        return np.roll(np.arange(width, dtype=np.int64), offset % width)[:kept]
+    raise ValueError(f"unknown index scheme {scheme!r}; expected one of {INDEX_SCHEMES}")
+
+
+def index_maps(global_shapes: Mapping[str, Sequence[int]],
+               slice_shapes: Mapping[str, Sequence[int]], scheme: str = "leading",
+               offset: int = 0) -> IndexMap:
+    """Per tensor of a slice, its index arrays into the global model's tensor of that name."""
+    unknown = sorted(set(slice_shapes) - set(global_shapes))
+    if unknown:
+        raise ValueError(f"a slice holds tensors the global model has not: {unknown}")
+    maps: IndexMap = {}
+    # A slice may hold a subset of the tensors (FjORD: the statistics of its own widths only).
+    for name, part in slice_shapes.items():
+        full, part = global_shapes[name], tuple(part)
+        if len(part) != len(full) or any(p > f for p, f in zip(part, full)):
+            raise ValueError(f"{name}: slice shape {part} does not fit in {tuple(full)}")
+        maps[name] = tuple(window(f, p, scheme, offset) for f, p in zip(full, part))
+    return maps
+
+
+def extract(global_arrays: Payload, maps: IndexMap) -> Payload:
+    """The slice of the global model that ``maps`` names (a copy, float32)."""
+    return {name: np.ascontiguousarray(global_arrays[name][np.ix_(*idx)], dtype=np.float32)
+            for name, idx in maps.items()}
+
+
+def map_size(maps: IndexMap) -> int:
+    """Number of coordinates a slice holds (its floats on the wire)."""
+    return sum(int(np.prod([len(i) for i in idx])) for idx in maps.values())
+
+
+class CoordinateAverage:
+    """Σ values and Σ counts per coordinate of the global model, over the round's slices.
+
+    ``add(values, maps, weight, rows)``: a client's slice at its coordinates; ``rows``, when
+    given, keeps only those output rows of the head (``head.weight``, ``head.bias``: HeteroFL's
+    label-split head, where a client adds and counts only its own classes' rows). ``result``:
+    Σ/count where the count is positive, the previous global value elsewhere."""
+
+    def __init__(self, global_arrays: Payload) -> None:
+        self.previous = global_arrays
+        self.sums = {k: np.zeros(v.shape, np.float64) for k, v in global_arrays.items()}
+        self.counts = {k: np.zeros(v.shape, np.float64) for k, v in global_arrays.items()}
+
+    def add(self, values: Payload, maps: IndexMap, weight: float = 1.0,
+            rows: np.ndarray | None = None) -> None:
+        for name, idx in maps.items():
+            value = np.asarray(values[name], dtype=np.float64)
+            if rows is not None and name in HEAD_KEYS:
+                # The head's output dimension is whole (idx[0] = arange(C)): keep the rows of
+                # the client's classes only.
+                idx = (idx[0][rows],) + idx[1:]
+                value = value[rows]
+            where = np.ix_(*idx)
+            self.sums[name][where] += weight * value
+            self.counts[name][where] += weight
+
+    def result(self) -> Payload:
+        out = {}
+        for name, previous in self.previous.items():
+            count = self.counts[name]
+            held = count > 0
+            merged = np.array(previous, dtype=np.float32, copy=True)
+            merged[held] = (self.sums[name][held] / count[held]).astype(np.float32)
+            out[name] = merged
+        return out
+
+
+def masked_logits(logits: torch.Tensor, label_mask: torch.Tensor) -> torch.Tensor:
+    """HeteroFL's masked head: the logits of classes outside the client's labels set to 0 (not
+    −∞, as the code's ``masked_fill(label_mask == 0, 0)``): they stay in the softmax's
+    denominator but get no gradient."""
+    return logits.masked_fill(~label_mask, 0.0)
+
+
+def label_mask(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """[C] bool: the classes present in ``labels``."""
+    mask = torch.zeros(num_classes, dtype=torch.bool, device=labels.device)
+    mask[labels.long().unique()] = True
+    return mask
+
+
+@torch.no_grad()
+def with_statistics(model: nn.Module, x: torch.Tensor, batch_size: int) -> nn.Module:
+    """A copy of ``model`` whose static BatchNorms carry statistics of ``x`` (HeteroFL's sBN),
+    in eval mode: each BN tracks a cumulative average (``momentum=None``) over one pass of
+    ``x`` in batches, as the code's ``stats`` pass. Only the BNs run in training mode: a
+    Scaler stays the identity it is at evaluation, so that the statistics are those of the
+    activations the evaluation will see (the code runs the whole model in training mode, the
+    same thing at the global model's rate 1)."""
+    tracked = copy.deepcopy(model)
+    norms = [m for m in tracked.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return tracked.eval()
+    for bn in norms:
+        bn.track_running_stats = True
+        bn.momentum = None
+        device = bn.weight.device if bn.weight is not None else x.device
+        bn.register_buffer("running_mean", torch.zeros(bn.num_features, device=device))
+        bn.register_buffer("running_var", torch.ones(bn.num_features, device=device))
+        bn.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long,
+                                                               device=device))
+    tracked.eval()
+    for bn in norms:
+        bn.train()
+    for start in range(0, len(x), batch_size):
+        tracked(x[start:start + batch_size])
+    return tracked.eval()
