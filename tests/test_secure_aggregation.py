@@ -237,6 +237,14 @@ def test_settings_that_cannot_take_secure_aggregation_are_refused(overrides, wor
         assert word in str(refused.value)
 
 
+def test_fedapp_methods_says_which_methods_take_secure_aggregation(capsys):
+    from fedapp.cli.main import main
+    assert main(["methods"]) == 0
+    assert ("secure-aggregation = true (the server sees only sums, docs/privacy.md) runs: "
+            "dsfl, fedavg, fedclassavg, fedmd, fedmrl, fedproto, fml, lg-fedavg\n"
+            ) in capsys.readouterr().out
+
+
 def test_every_method_card_declares_whether_its_server_works_from_sums():
     for name, method in METHODS.items():
         assert method.secure_aggregation, name
