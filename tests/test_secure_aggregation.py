@@ -172,6 +172,20 @@ def _class_counts(strategy) -> np.ndarray:
 DROPS = {(2, COLLECT), (1, "unmask")}
 
 
+def test_a_client_dropping_before_it_shared_its_keys_is_out_of_the_protocol(runs):
+    # Partition 3 goes away after sending its public keys, before sharing its secrets: no
+    # survivor holds a share of its key, and none is needed, as nobody masked with it.
+    # (Flower 1.41's workflow still asked the survivors for it at unmasking, and every one of
+    # them failed: SecureSumWorkflow takes such a client out of the round.)
+    plain, _, _ = runs("plain-without-3", drop={(3, COLLECT)})
+    secure, records, grid = runs("secure-without-3", drop={(3, "share_keys")},
+                                 secure_aggregation=True)
+    assert records[0]["secure_aggregation"] == {"survivors": [0, 1, 2]}
+    assert records[0]["failed_clients"] == [3]
+    assert grid.stages.count("unmask") == 3
+    assert_within_quantisation(secure, plain, [0, 1, 2])
+
+
 def test_clients_dropping_above_the_threshold_cost_the_round_nothing(runs):
     # Partition 2 goes away when it should train and upload: the others are summed, and the
     # sum is the plain average of the same three. Partition 1 uploads its masked vector, then

@@ -33,7 +33,10 @@ Ranges, from the payloads' bounds (docs/privacy.md, "Secure aggregation"):
 The loop: :func:`run_rounds` replaces Flower's ``start_grid`` by its ``DefaultWorkflow``
 with :class:`SecureSumWorkflow` as the fit step. A round that SecAgg+ halts (too few clients
 left to rebuild the masks) is handed to the strategy as a round without survivors, so it is
-recorded empty with the reason (Flower's workflow only logs and returns).
+recorded empty with the reason (Flower's workflow only logs and returns). One fix of Flower
+1.41's workflow: a client that drops before it shared its secrets is taken out of the round
+(Flower asked every survivor for a share of its key at unmasking, which none holds, and lost
+the round; docs/privacy.md).
 """
 
 from __future__ import annotations
@@ -219,6 +222,12 @@ class SecureSumWorkflow(SecAggPlusWorkflow):
                 context.strategy.secure_round_halted(
                     current, why, state.failures, {str(n) for n in state.active_node_ids})
                 return
+            if step == self.share_keys_stage:
+                # A client gone before it shared its secrets is out of the round: nobody
+                # masked with it, so nothing of it is to be rebuilt. Flower 1.41 keeps it among
+                # the sampled clients, and at unmasking asks every survivor for a share of its
+                # key that none holds: each survivor's mod raises, and the round is lost.
+                state.sampled_node_ids = set(state.active_node_ids)
         log(INFO, "secure aggregation: the round's sum is unmasked")
 
 
