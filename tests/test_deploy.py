@@ -351,15 +351,16 @@ def test_a_registered_malicious_supernode_is_outvoted_by_a_robust_rule(tmp_path,
 @pytest.mark.long
 def test_secure_aggregation_survives_a_supernode_killed_mid_round(tmp_path, spawn):
     # Four authenticated SuperNodes, LG-FedAvg with Flower's SecAgg+ (docs/privacy.md). site3
-    # is killed as soon as it receives the round's first message (SecAgg+'s setup): the round
-    # goes on with the other three after secure-aggregation-timeout, and the global head the
-    # server unmasked is the n_k-weighted average of the heads the three survivors trained
+    # is killed as soon as it receives the round's first message (SecAgg+'s setup), and
+    # started again (the run's later messages, its evaluation, wait for num-clients nodes): the
+    # round goes on with the other three after secure-aggregation-timeout, and the global head
+    # the server unmasked is the n_k-weighted average of the heads the three survivors trained
     # (each client's checkpointed state after the round) within the quantisation error.
     from fedapp.data import setup
     from fedapp.runtime import checkpoint, secure_aggregation
     from strategies import load_config
 
-    _, _, _ = _deployment(tmp_path, spawn, sites=4)
+    supernode, _, _ = _deployment(tmp_path, spawn, sites=4)
     four = ["--set", "num-clients=4", "--set", 'arch-mix="cnn5,cnn4,cnn3,cnn5"',
             "--set", "secure-aggregation=true", "--set", "secure-aggregation-timeout=30.0",
             "--set", "checkpoint-every=1"]
@@ -377,6 +378,7 @@ def test_secure_aggregation_survives_a_supernode_killed_mid_round(tmp_path, spaw
             (tmp_path / "secure-run.log").read_text()
         time.sleep(0.2)
     stop_process_group(site3)
+    supernode("site3", 'partition-id=3 num-partitions=4 device="cpu"')
     assert run.wait(timeout=600) == 0, (tmp_path / "secure-run.log").read_text()
     record = json.loads((out / "secure" / "rounds.jsonl").read_text().splitlines()[0])
     assert record["secure_aggregation"] == {"survivors": [0, 1, 2]}

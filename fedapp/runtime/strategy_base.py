@@ -517,6 +517,13 @@ class FedStrategy(Strategy):
         replied = {proxy.cid for proxy, _ in results}
         self._failed = sorted(pid for cid, pid in self._sampled.items() if cid not in replied)
         uploads.sort(key=lambda u: u.client.partition_id)  # sums in a fixed order
+        if secure:
+            self._secure = {"survivors": sorted(u.client.partition_id for u in uploads)}
+            if len(uploads) != len(results):
+                # A refused survivor's masked upload is in the one sum, which cannot be taken
+                # apart: the round has no usable update.
+                self._secure["refused"] = sorted(self._rejected)
+                uploads = []
         self._counts["clients_fit"] = len(uploads)
         # Time the clients spent computing, to tell it apart from the framework's share.
         self._client_seconds = sum(_seconds(u.metrics, "train-seconds") for u in uploads)
@@ -569,15 +576,7 @@ class FedStrategy(Strategy):
                          results: list[tuple[ClientProxy, FitRes]]) -> None:
         """Decode the round's unmasked aggregate (SecAgg+'s mean of the survivors' dense
         uploads, the same in every reply) into sums and hand them to :meth:`aggregate_sums`.
-        Every survivor's masked vector is in the sum, refused identity or not: a refused one
-        ends the round empty, as its share cannot be taken out."""
-        self._secure = {"survivors": sorted(u.client.partition_id for u in uploads)}
-        if len(uploads) != len(results):
-            self._secure["refused"] = "a survivor's reply was refused; its upload is in the sum"
-            self._empty = True
-            log(WARNING, "round %s: %s: the round is left empty", server_round,
-                self._secure["refused"])
-            return
+        (A refused survivor's reply leaves the round empty: ``aggregate_fit``.)"""
         aggregate = results[0][1].parameters
         if any(res.parameters.tensors != aggregate.tensors for _, res in results[1:]):
             raise RoundFailed("the replies of a secure round carry different aggregates")
