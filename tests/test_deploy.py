@@ -1,8 +1,9 @@
 """``fedapp deploy``: keys and certificates, and a real deployment on loopback — a SuperLink with
 TLS and SuperNode authentication, two registered SuperNodes (one taking its partition by id, one
 reading its own data-dir), an unregistered one that must be refused, a synchronous run, an
-asynchronous FedHe run and a device-to-device CompFL walk; and three SuperNodes, one of them
-registered and malicious, outvoted by a robust aggregation rule."""
+asynchronous FedHe run and a device-to-device CompFL walk; three SuperNodes, one of them
+registered and malicious, outvoted by a robust aggregation rule; and four SuperNodes with
+Flower's SecAgg+, one killed mid-round."""
 
 import ipaddress
 import json
