@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
-from flwr.server import ServerAppComponents, ServerConfig, SimpleClientManager
+from flwr.server import ServerAppComponents, ServerConfig
 from flwr.server.compat.legacy_context import LegacyContext
 from flwr.server.workflow import DefaultWorkflow
 

@@ -52,5 +52,6 @@ METHOD = Method("a private mentor and a shared mentee (averaged) by adaptive mut
                 strategy_class="FedKD", client_class="FedKDClient",
                 settings=FedKDSettings, recipe={**HTFLLIB, "grad-clip": 10.0},
                 payload_kinds=("model",),
-                secure_aggregation=("its uploads are SVD factors of each update, which do not add up: "
-                                    "the server decompresses each one before averaging"))
+                secure_aggregation=(
+                    "its uploads are SVD factors of each update, which do not add up: the server "
+                    "decompresses each one before averaging"))
