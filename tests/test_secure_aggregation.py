@@ -34,9 +34,10 @@ class ProtocolGrid(FakeGrid):
     node went away (a plain training message counts as the ``collect_masked_vectors`` stage,
     the one where a client trains)."""
 
-    def __init__(self, run_config: dict, num_nodes: int, drop=()) -> None:
+    def __init__(self, run_config: dict, num_nodes: int, drop=(), lie=None) -> None:
         super().__init__(run_config, num_nodes)
         self.drop = set(drop)
+        self.lie = lie  # (partition id, metric, value): a training reply's metric replaced
         self.stages: list[str] = []
 
     def _answer(self, message: Message) -> Message:
@@ -52,9 +53,13 @@ class ProtocolGrid(FakeGrid):
         if (context.node_config["partition-id"], stage) in self.drop:
             return Message(Error(code=5, reason="node offline"), reply_to=message)
         try:
-            return client_app.app(message, context)
+            reply = client_app.app(message, context)
         except Exception as exc:  # as a SuperNode reports a ClientApp that raised
             return Message(Error(code=2, reason=repr(exc)), reply_to=message)
+        if self.lie is not None and stage == COLLECT \
+                and context.node_config["partition-id"] == self.lie[0]:
+            reply.content.config_records["fitres.metrics"][self.lie[1]] = self.lie[2]
+        return reply
 
 
 def flat_config(**overrides) -> dict:
@@ -68,7 +73,7 @@ def flat_config(**overrides) -> dict:
     return flat
 
 
-def run(tmp_path, name, drop=(), **overrides):
+def run(tmp_path, name, drop=(), lie=None, **overrides):
     """(strategy, rounds.jsonl records, grid) of one run on the fake grid: the SecAgg+
     workflow when the config says so, else Flower's plain default workflow (the same
     Strategy calls as the app's rounds)."""
@@ -81,7 +86,7 @@ def run(tmp_path, name, drop=(), **overrides):
     strategy = METHODS[cfg.method].strategy(cfg, recorder, input_shape=(1, 28, 28),
                                             num_classes=10)
     strategy.node_partitions = lambda: {1000 + p: p for p in range(cfg.num_clients)}
-    grid = ProtocolGrid(flat, cfg.num_clients, drop=drop)
+    grid = ProtocolGrid(flat, cfg.num_clients, drop=drop, lie=lie)
     context = Context(run_id=7, node_id=0, node_config={}, state=RecordDict(), run_config=flat)
     config = ServerConfig(num_rounds=cfg.num_server_rounds)
     if cfg.secure_aggregation:
@@ -116,6 +121,14 @@ def assert_within_quantisation(secure, plain, survivors: list[int]) -> None:
         np.testing.assert_allclose(got, want, rtol=0, atol=tol, err_msg=name)
         changed += int(not np.array_equal(got, want))
     assert changed, "SecAgg+ quantises: a result bit-identical to the plain one means it never ran"
+
+
+def assert_initial_model(strategy) -> None:
+    """FedAvg's global model is still the seed's initial one: no round changed it."""
+    initial = METHODS["fedavg"].strategy(strategy.cfg, None, input_shape=(1, 28, 28),
+                                         num_classes=10).global_model
+    for name, want in initial.items():
+        np.testing.assert_array_equal(strategy.global_model[name], want)
 
 
 @pytest.fixture(scope="module")
@@ -213,10 +226,18 @@ def test_a_client_dropping_below_the_threshold_ends_the_round_empty(runs, caplog
     assert "masked uploads stage" in halted and "3 of 4" in halted and "needs 4" in halted
     assert any("secure aggregation halted" in r.getMessage() for r in caplog.records)
     # The method's state is left as it was: the initial model, not an average.
-    initial = METHODS["fedavg"].strategy(secure.cfg, None, input_shape=(1, 28, 28),
-                                         num_classes=10).global_model
-    for name, want in initial.items():
-        np.testing.assert_array_equal(secure.global_model[name], want)
+    assert_initial_model(secure)
+
+
+def test_a_survivor_whose_reply_is_refused_leaves_the_round_empty(runs):
+    # Partition 0 claims a training-set size that is not its partition's: its reply is
+    # refused, but its masked upload is already in the one sum, which cannot be taken apart.
+    secure, records, _ = runs("secure-liar", lie=(0, "num-examples", 10**6),
+                              secure_aggregation=True)
+    record = records[0]
+    assert record["rejected_clients"] == [0] and record["empty_round"]
+    assert record["secure_aggregation"] == {"survivors": [1, 2, 3], "refused": [0]}
+    assert_initial_model(secure)
 
 
 # -- settings and refusals --------------------------------------------------------------------
