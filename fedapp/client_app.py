@@ -10,7 +10,7 @@ from flwr.client import Client
 from flwr.clientapp import ClientApp
 
 from fedapp.config import RunConfig
-from fedapp.runtime import timeline
+from fedapp.runtime import secure_aggregation, timeline
 from strategies import get_method, load_config
 
 
@@ -38,4 +38,5 @@ def timeline_marks(message: Message, context: Context, call_next) -> Message:
     return reply
 
 
-app = ClientApp(client_fn=client_fn, mods=[timeline_marks])
+# Flower's SecAgg+ mod acts only on the messages of its protocol (secure-aggregation).
+app = ClientApp(client_fn=client_fn, mods=[timeline_marks, secure_aggregation.client_mod])

@@ -354,6 +354,25 @@ class RunConfig:
         0.0, "differential-privacy: the privacy budget; the run stops cleanly (summary "
         "written) before a round that would spend more than this epsilon (0 = no budget)",
         low=0.0)
+    # -- secure aggregation (Flower's SecAgg+: fedapp.runtime.secure_aggregation; which method
+    #    takes it: docs/privacy.md)
+    secure_aggregation: bool = _opt(
+        False, "uploads reach the server only as their sum, through Flower's SecAgg+ protocol "
+        "(its server workflow and client mod): for the methods whose server needs only sums "
+        "of the uploads (`fedapp methods`, docs/privacy.md); synchronous rounds only")
+    secure_aggregation_shares: float = _opt(
+        1.0, "secure-aggregation: share of the round's sampled clients among which each "
+        "client's mask secrets are split (its SecAgg+ neighbours; 1 = all of them, the "
+        "original SecAgg)", low=0.0, high=1.0, low_open=True)
+    secure_aggregation_threshold: float = _opt(
+        0.5, "secure-aggregation: share of a client's neighbours whose key shares rebuild its "
+        "masks (at least 2). A round goes on while every sampled client keeps that many "
+        "neighbours; below it the round ends empty, with a message", low=0.0, high=1.0,
+        low_open=True)
+    secure_aggregation_timeout: float = _opt(
+        0.0, "secure-aggregation: seconds each of the protocol's four exchanges waits for its "
+        "replies; a client that has not answered by then drops out (0 = round-timeout, and "
+        "with that 0 too, wait forever)", low=0.0)
     # -- the server loop: synchronous rounds, no barrier at all (methods whose server takes
     #    one upload at a time), or device-to-device training that the server only relays (see
     #    `fedapp methods`). The async-* settings serve every loop but 'rounds'.
@@ -829,3 +848,11 @@ def parse_override(text: str) -> tuple[str, Any]:
         # Be forgiving with unquoted strings on the command line: method=fedavg.
         value = raw.strip()
     return key, value
+
+
+def sampled_per_round(cfg: RunConfig, available: int | None = None) -> int:
+    """How many clients a round samples of ``available`` connected ones (default: all
+    num-clients): what :meth:`FedStrategy.configure_fit` draws, so what the privacy accountant
+    counts and what secure aggregation sums."""
+    available = cfg.num_clients if available is None else available
+    return min(available, max(cfg.min_fit_clients, math.ceil(cfg.fraction_fit * available)))

@@ -1,6 +1,7 @@
 """The Flower ServerApp: validate the run config, prepare the results folder, build the method's
 Strategy, then run the loop the config names: synchronous rounds (Flower's own driver calling
-the Strategy, ``fedapp.runtime.strategy_base``), the asynchronous loop
+the Strategy, ``fedapp.runtime.strategy_base``; with ``secure-aggregation`` its SecAgg+
+workflow, ``fedapp.runtime.secure_aggregation``), the asynchronous loop
 (``fedapp.loops.asynchronous``) or a device-to-device relay (``fedapp.loops.relay``)."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from fedapp.data import setup
 from fedapp.loops.asynchronous import AsyncLoop
 from fedapp.loops.grid_io import PromptGrid
 from fedapp.loops.relay import GossipLoop, WalkLoop
-from fedapp.runtime import checkpoint, linkstate
+from fedapp.runtime import checkpoint, linkstate, secure_aggregation
 from fedapp.runtime.privacy import PrivacyBudgetSpent
 from fedapp.runtime.results import Recorder
 from fedapp.runtime.strategy_base import RoundFailed
@@ -109,6 +110,10 @@ def main(grid: Grid, context: Context) -> None:
     try:
         if loop is not None:
             loop(grid, strategy, strategy.recorder).run()
+            return
+        if strategy.cfg.secure_aggregation:
+            # The same rounds with Flower's SecAgg+ as their fit step.
+            secure_aggregation.run_rounds(PromptGrid(grid), context, components)
             return
         start_grid(grid=PromptGrid(grid), server=deployed_server(grid, components),
                    config=components.config, strategy=strategy,

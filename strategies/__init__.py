@@ -37,6 +37,12 @@ if TYPE_CHECKING:
     from fedapp.runtime.strategy_base import FedStrategy
 
 
+# Method.secure_aggregation of a method whose server could work from the sums of a fixed-layout
+# variant of its upload that is not built yet (docs/privacy.md says which layout).
+NOT_BUILT = ("its server could work from the sums of a fixed-layout variant of its upload "
+             "(docs/privacy.md), which is not built yet")
+
+
 @dataclass(frozen=True)
 class Method:
     """A method's card: its two halves and the constraints it puts on the federation."""
@@ -71,6 +77,12 @@ class Method:
     # Where its upload holds per-class rows (and which arrays a constraint ties): what the
     # attacks, the same for every method, need to know of its upload.
     upload_layout: UploadLayout = UploadLayout()
+    # With secure-aggregation (Flower's SecAgg+: the server sees only the sum of the uploads,
+    # docs/privacy.md): "as-is" = its server only averages uploads of one layout; "fixed-layout"
+    # = its server's maths are exact from the sums of a fixed-layout variant of the upload (its
+    # client's secure_upload, its strategy's secure_layout and aggregate_sums); any other text
+    # = why its server cannot work from sums (it is refused, with that reason).
+    secure_aggregation: str = ""
     package: str = ""               # the card's package (set by the registry)
 
     # The two halves: the method's maths (torch) is imported on first use.
@@ -293,10 +305,65 @@ def load_config(flat: Mapping[str, Any]) -> RunConfig:
     if cfg.differential_privacy:  # the accountant's import is kept off the common path
         from fedapp.runtime.privacy import check_settings
         check_settings(cfg, cfg.method, method.payload_kinds)
+    check_secure_aggregation(cfg, method)
     check = getattr(cfg.settings, "check", None)
     if check is not None:
         check(cfg)  # the method's cross-setting rules; raises ConfigError
     return cfg
+
+
+# The values of Method.secure_aggregation of the methods that take it.
+SECURE_FORMS = ("as-is", "fixed-layout")
+
+
+def check_secure_aggregation(cfg: RunConfig, method: Method) -> None:
+    """One rule for every method, from its card: ``secure-aggregation`` needs a server that
+    works from sums of the uploads (``Method.secure_aggregation``), a synchronous round of at
+    least two clients to sum, and no rule that must see individual uploads. Raises
+    ConfigError naming the method and the reason."""
+    if not cfg.secure_aggregation:
+        return
+    if cfg.server_loop != "rounds":
+        raise ConfigError(
+            f"setting secure-aggregation = true is invalid with server-loop = "
+            f"{cfg.server_loop!r} (method {cfg.method!r}): SecAgg+ sums the uploads of a "
+            "synchronous round, and this loop "
+            + ("folds in one upload at a time, so there is no cohort to sum."
+               if cfg.server_loop == "async" else
+               "relays models from device to device, so the server sums nothing.")
+            + " Use server-loop = 'rounds'.")
+    if method.secure_aggregation not in SECURE_FORMS:
+        why = method.secure_aggregation or (
+            "its card does not declare that its server works from sums of the uploads "
+            "(Method.secure_aggregation)")
+        raise ConfigError(
+            f"setting secure-aggregation = true is invalid for method {cfg.method!r}: {why}. "
+            "Methods that take it: " + ", ".join(
+                n for n, m in known_methods().items() if m.secure_aggregation in SECURE_FORMS)
+            + " (docs/privacy.md).")
+    if cfg.differential_privacy:
+        raise ConfigError(
+            "setting differential-privacy = true is invalid with secure-aggregation = true "
+            f"(method {cfg.method!r}): the noise is calibrated to each client's upload "
+            "clipped on the server, which secure aggregation hides from it; noise added by "
+            "the clients inside the masked sum is not built (docs/privacy.md).")
+    if cfg.robust_aggregation != "none":
+        raise ConfigError(
+            f"setting robust-aggregation = {cfg.robust_aggregation!r} is invalid with "
+            "secure-aggregation = true: a robust rule combines the individual uploads, which "
+            "secure aggregation hides from the server.")
+    from fedapp.runtime.secure_aggregation import MAX_CLIENTS
+    sampled = sampled_per_round(cfg)
+    if sampled < 2:
+        raise ConfigError(
+            f"setting secure-aggregation = true is invalid with {sampled} client per round "
+            "(num-clients, fraction-fit, min-fit-clients): the sum of one upload is that "
+            "upload, and SecAgg+ cancels such a round.")
+    if cfg.num_clients > MAX_CLIENTS:
+        raise ConfigError(
+            f"setting secure-aggregation = true is invalid with num-clients = "
+            f"{cfg.num_clients}: one sum holds at most {MAX_CLIENTS} clients without wrapping "
+            "modulo SecAgg+'s modulus.")
 
 
 def check_attack_and_rule(cfg: RunConfig, method: Method, archs: list[str]) -> None:

@@ -1,8 +1,9 @@
 """``fedapp deploy``: keys and certificates, and a real deployment on loopback — a SuperLink with
 TLS and SuperNode authentication, two registered SuperNodes (one taking its partition by id, one
 reading its own data-dir), an unregistered one that must be refused, a synchronous run, an
-asynchronous FedHe run and a device-to-device CompFL walk; and three SuperNodes, one of them
-registered and malicious, outvoted by a robust aggregation rule."""
+asynchronous FedHe run and a device-to-device CompFL walk; three SuperNodes, one of them
+registered and malicious, outvoted by a robust aggregation rule; and four SuperNodes with
+Flower's SecAgg+, one killed mid-round."""
 
 import ipaddress
 import json
@@ -13,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -126,6 +128,7 @@ def spawn(tmp_path):
         return [pid for proc in started for pid in group_members(proc.pid)]
 
     start.stop_all = stop_all
+    start.started = started
     yield start
     stop_all()
 
@@ -342,4 +345,58 @@ def test_a_registered_malicious_supernode_is_outvoted_by_a_robust_rule(tmp_path,
     assert attacked["accuracy"]["honest_mean"] == pytest.approx(honest_mean(attacked))
     assert honest_mean(attacked) < honest_mean(clean) - 0.3
     assert abs(defended["accuracy"]["honest_mean"] - honest_mean(clean)) <= 0.05
+    assert spawn.stop_all() == []
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_secure_aggregation_survives_a_supernode_killed_mid_round(tmp_path, spawn):
+    # Four authenticated SuperNodes, LG-FedAvg with Flower's SecAgg+ (docs/privacy.md). site3
+    # is killed as soon as it receives the round's first message (SecAgg+'s setup), and
+    # started again (the run's later messages, its evaluation, wait for num-clients nodes): the
+    # round goes on with the other three after secure-aggregation-timeout, and the global head
+    # the server unmasked is the n_k-weighted average of the heads the three survivors trained
+    # (each client's checkpointed state after the round) within the quantisation error.
+    from fedapp.data import setup
+    from fedapp.runtime import checkpoint, secure_aggregation
+    from strategies import load_config
+
+    supernode, _, _ = _deployment(tmp_path, spawn, sites=4)
+    four = ["--set", "num-clients=4", "--set", 'arch-mix="cnn5,cnn4,cnn3,cnn5"',
+            "--set", "secure-aggregation=true", "--set", "secure-aggregation-timeout=30.0",
+            "--set", "checkpoint-every=1"]
+    out, d = tmp_path / "results", ["--dir", str(tmp_path / "deployment")]
+    with open(tmp_path / "secure-run.log", "w") as log:
+        run = subprocess.Popen([*FEDAPP, "deploy", "run", "smoke", *RUN_SETTINGS,
+                                "--set", "num-server-rounds=1", *four,
+                                "--set", 'run-name="secure"', "--output-dir", str(out), *d],
+                               cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    site3 = next(p for p in spawn.started if "site3.key" in " ".join(map(str, p.args)))
+    deadline = time.monotonic() + 600
+    while "ROUND 1]" not in (tmp_path / "site3.log").read_text():
+        assert run.poll() is None and time.monotonic() < deadline, \
+            (tmp_path / "secure-run.log").read_text()
+        time.sleep(0.2)
+    stop_process_group(site3)
+    supernode("site3", 'partition-id=3 num-partitions=4 device="cpu"')
+    assert run.wait(timeout=600) == 0, (tmp_path / "secure-run.log").read_text()
+    record = json.loads((out / "secure" / "rounds.jsonl").read_text().splitlines()[0])
+    assert record["secure_aggregation"] == {"survivors": [0, 1, 2]}
+    assert record["failed_clients"] == [3] and record["clients_fit"] == 3
+    _, state = checkpoint.load_server(out / "secure" / "checkpoint")
+    flat = json.loads((out / "secure" / "config.json").read_text())["settings"]
+    cfg = load_config(flat)
+    sizes = [len(c.train) for c in setup.partition(cfg).clients]
+    heads = []
+    for pid in range(3):
+        saved = checkpoint.load_client(out / "secure" / "client-state", pid, 1)
+        model = saved["fedapp.model"].to_torch_state_dict()
+        heads.append({k: model[k].numpy() for k in state["global_head"]})
+    step = 2 * cfg.upload_max_abs / secure_aggregation.QUANTIZATION_RANGE
+    for name, got in state["global_head"].items():
+        want = sum(sizes[p] * heads[p][name].astype(np.float64) for p in range(3)) \
+            / sum(sizes[:3])
+        tol = 3 * step * (1 + np.abs(want).max()) / (sum(sizes[:3]) / max(sizes)) + 1e-6
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol, err_msg=name)
     assert spawn.stop_all() == []

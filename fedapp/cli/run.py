@@ -361,6 +361,9 @@ def cmd_methods(args: argparse.Namespace) -> int:
           + ", ".join(n for n, m in known.items() if m.asynchronous))
     print("server-loop = \"walk\" / \"gossip\" (device to device, the server only relays) runs: "
           + ", ".join(n for n, m in known.items() if m.decentralised))
+    from strategies import SECURE_FORMS
+    print("secure-aggregation = true (the server sees only sums, docs/privacy.md) runs: "
+          + ", ".join(n for n, m in known.items() if m.secure_aggregation in SECURE_FORMS))
     needs = [f"{n} ({'labelled' if m.public_labels else 'unlabelled'})"
              for n, m in known.items() if m.needs_public]
     if needs:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import ArrayRecord, RecordDict
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE
 from flwr.common.serde import ProtoRecordDict, recorddict_from_proto, recorddict_to_proto
 
 SERVER_FILE = "server.pkl"
@@ -73,6 +74,8 @@ def save_client(state_dir: Path, partition_id: int, server_round: int, state: Re
     resumed run can need: every file but the newest one at or before the checkpoint before
     the last one that may have been written, and those after it."""
     folder = state_dir / f"partition-{partition_id}"
+    # Never on disk: the secret keys and mask seed of Flower's SecAgg+ mod (secure-aggregation).
+    state = RecordDict({k: v for k, v in state.items() if k != RECORD_KEY_STATE})
     _write_atomically(folder / f"round-{server_round}.state",
                       recorddict_to_proto(state).SerializeToString())
     # The server may have been killed before writing the checkpoint of the current block, so

@@ -31,7 +31,7 @@ from fedapp.config import ConfigError, RunConfig, client_cache_budget
 from fedapp.data import setup
 from fedapp.data.local_data import expected_input, load_local_data
 from fedapp.data.partitions import ClientData, load_client_data
-from fedapp.runtime import attacks, checkpoint, privacy
+from fedapp.runtime import attacks, checkpoint, privacy, secure_aggregation
 from fedapp.runtime.class_stats import ClassMeans, class_means
 from fedapp.runtime.payload import Payload, from_ndarrays, to_ndarrays
 from fedapp.runtime.speeds import has_stragglers, update_duration
@@ -425,6 +425,17 @@ class FedClient(NumPyClient):
         """Metrics a method adds to the training reply (default: none)."""
         return {}
 
+    def secure_weight(self) -> float:
+        """With ``secure-aggregation``: this upload's weight in the server's average, over a
+        public scale so that it is at most 1 (default: n_k, as FedAvg's average)."""
+        return len(self.data.train_y) / secure_aggregation.weight_scale(self.cfg)
+
+    def secure_upload(self, upload: Payload) -> Payload:
+        """With ``secure-aggregation``: the fixed-layout upload whose sum over the clients
+        gives the server what its maths needs (its strategy's ``secure_layout``). Default:
+        the upload times :meth:`secure_weight`, and that weight."""
+        return secure_aggregation.weighted(upload, self.secure_weight())
+
     def optimizer(self, params: Iterable[torch.nn.Parameter] | None = None, name: str = "model",
                   lr: float | None = None) -> torch.optim.Optimizer:
         """The local optimizer over ``params`` (default: the whole private model), as the run's
@@ -561,6 +572,12 @@ class FedClient(NumPyClient):
                    **self.fit_metrics()}
         if on_gpu:  # what a client of this model needs of a GPU share (client-num-gpus)
             metrics["gpu-peak-mib"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        if self.cfg.secure_aggregation:
+            # SecAgg+ (fedapp.runtime.secure_aggregation) masks these arrays and weighs them
+            # by num_examples: every client weighs 1, and its size travels as a metric.
+            dense = secure_aggregation.to_arrays(
+                self.secure_upload(upload), secure_aggregation.clipping_range(self.cfg))
+            return dense, 1, {**metrics, secure_aggregation.NUM_EXAMPLES: len(self.data.train_y)}
         return to_ndarrays(upload), len(self.data.train_y), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):

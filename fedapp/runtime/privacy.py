@@ -53,7 +53,7 @@ from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from fedapp.config import ConfigError, RunConfig
+from fedapp.config import ConfigError, RunConfig, sampled_per_round
 from fedapp.seeding import derive_seed
 
 NOISE_KEY_ENV = "FEDAPP_DP_NOISE_KEY"
@@ -103,13 +103,6 @@ def check_settings(cfg: RunConfig, method_name: str, payload_kinds: Sequence[str
             f"(z = {cfg.dp_noise_multiplier}, {m} of {cfg.num_clients} clients) already spends "
             f"epsilon = {accountant.epsilon_after(m):.4g} at delta = {cfg.dp_delta}; raise the "
             "budget or dp-noise-multiplier.")
-
-
-def sampled_per_round(cfg: RunConfig, available: int | None = None) -> int:
-    """How many clients a round samples of ``available`` connected ones (default: all of
-    them): what :meth:`FedStrategy.configure_fit` draws, and so what the accountant counts."""
-    available = cfg.num_clients if available is None else available
-    return min(available, max(cfg.min_fit_clients, math.ceil(cfg.fraction_fit * available)))
 
 
 # -- the mechanism ---------------------------------------------------------------------------------

@@ -43,15 +43,15 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from client_models import HeteroModel
-from fedapp.config import RunConfig
+from fedapp.config import RunConfig, sampled_per_round
 from fedapp.data import setup
-from fedapp.runtime import attacks, checkpoint, timeline
+from fedapp.runtime import attacks, checkpoint, secure_aggregation, timeline
 from fedapp.runtime.aggregate import Robust, robust_average, robust_average_per_group
 from fedapp.runtime.class_stats import robust_class_means
 from fedapp.runtime.payload import (ArraySpec, Payload, PayloadError, WireSize, check_layout,
                                     check_values, encode, float32, load, read_headers, to_wire,
                                     validate, wire_size)
-from fedapp.runtime.privacy import STATE_KEY, ServerPrivacy, sampled_per_round
+from fedapp.runtime.privacy import STATE_KEY, ServerPrivacy
 from fedapp.runtime.results import (Recorder, format_accuracy, format_server_accuracy,
                                     round_record)
 from fedapp.runtime.speeds import update_duration
@@ -226,6 +226,8 @@ class FedStrategy(Strategy):
         self._devices: dict[str, dict[str, Any]] = {}  # training_devices of this round
         self._evaluated: list[int] = []  # partition ids asked to evaluate, this round
         self._empty = False  # this round had no usable update
+        # With secure-aggregation: the round's survivors, or why SecAgg+ halted it.
+        self._secure: dict[str, Any] = {}
         # Rounds in a row without a usable update, counted on from a resumed run's records.
         self._empty_in_a_row = 0
         for record in reversed(recorder.history if recorder is not None else []):
@@ -283,6 +285,26 @@ class FedStrategy(Strategy):
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
         """The method's server maths on the round's validated uploads (decoded:
         :meth:`decode_upload`)."""
+
+    def secure_layout(self) -> dict[str, tuple[int, ...]]:
+        """With ``secure-aggregation``: the fixed layout (name -> shape) of every client's
+        dense upload (its client's ``FedClient.secure_upload``). Default, for a method whose
+        server averages uploads of one layout (card: ``secure_aggregation = "as-is"``): the
+        upload's arrays and their summed weight."""
+        first = ClientInfo(0, self.architectures[0])
+        return {**{name: tuple(spec.shape) for name, spec in self.upload_spec(first).items()},
+                secure_aggregation.SUM_WEIGHT: (1,)}
+
+    def aggregate_sums(self, server_round: int, sums: Payload, uploads: list[Upload]) -> None:
+        """With ``secure-aggregation``: the method's server maths from the sums of the
+        survivors' dense uploads (``uploads``: who they are and their metrics, no arrays).
+        Default ("as-is"): the weighted mean of the uploads, which is what the method's
+        :meth:`aggregate` makes of them, handed to it as the round's one upload."""
+        mean = secure_aggregation.weighted_mean(sums)
+        upload_spec = self.upload_spec(uploads[0].client)
+        mean = {name: (np.rint(a).astype(np.int64) if upload_spec[name].kind == "int"
+                       else a.astype(np.float32)) for name, a in mean.items()}
+        self.aggregate(server_round, [Upload(uploads[0].client, 1, mean, {})])
 
     def eval_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
         """What to send a client before evaluation (default: nothing)."""
@@ -471,6 +493,7 @@ class FedStrategy(Strategy):
         self._train_loss, self._train_terms, self._evaluated = None, {}, []
         self._devices = {}
         self._empty = False
+        self._secure = {}
         available = self.list_clients(client_manager)
         n = sampled_per_round(self.cfg, len(available))
         if self.privacy is not None:
@@ -497,10 +520,13 @@ class FedStrategy(Strategy):
             self.privacy.released(server_round, len(self._sampled))
         uploads: list[Upload] = []
         seen: set[int] = set()
+        secure = self.cfg.secure_aggregation
         for proxy, res in results:
-            self._up[proxy.cid] = wire_size(res.parameters)
+            self._up[proxy.cid] = self.secure_upload_size() if secure \
+                else wire_size(res.parameters)
             try:
-                upload = self.accept_upload(proxy, res, seen)
+                upload = (self.accept_secure_reply if secure else self.accept_upload)(
+                    proxy, res, seen)
             except PayloadError as exc:
                 self._counts["rejected"] += 1
                 self._rejected.append(self._sampled.get(proxy.cid, -1))
@@ -517,6 +543,13 @@ class FedStrategy(Strategy):
         replied = {proxy.cid for proxy, _ in results}
         self._failed = sorted(pid for cid, pid in self._sampled.items() if cid not in replied)
         uploads.sort(key=lambda u: u.client.partition_id)  # sums in a fixed order
+        if secure:
+            self._secure = {"survivors": sorted(u.client.partition_id for u in uploads)}
+            if len(uploads) != len(results):
+                # A refused survivor's masked upload is in the one sum, which cannot be taken
+                # apart: the round has no usable update.
+                self._secure["refused"] = sorted(self._rejected)
+                uploads = []
         self._counts["clients_fit"] = len(uploads)
         # Time the clients spent computing, to tell it apart from the framework's share.
         self._client_seconds = sum(_seconds(u.metrics, "train-seconds") for u in uploads)
@@ -543,8 +576,56 @@ class FedStrategy(Strategy):
                 limit or "never")
             return None, {}
         self._empty_in_a_row = 0
-        self.aggregate(server_round, uploads)
+        if secure:
+            self.aggregate_secure(server_round, uploads, results)
+        else:
+            self.aggregate(server_round, uploads)
         return None, {}
+
+    # -- secure aggregation (fedapp.runtime.secure_aggregation) -------------------------------
+    def accept_secure_reply(self, proxy: ClientProxy, res: FitRes, seen: set[int]) -> Upload:
+        """A survivor of a SecAgg+ round: who it is (once per round) and its claimed size (a
+        metric: its SecAgg+ weight, ``num_examples``, must be 1). Its arrays are the round's
+        unmasked aggregate, the same in every reply, decoded once by :meth:`aggregate_secure`.
+        Raises PayloadError."""
+        client = self._identify(proxy, res.metrics)
+        if client.partition_id in seen:
+            raise PayloadError(f"partition {client.partition_id} already uploaded in this round")
+        seen.add(client.partition_id)
+        if res.num_examples != 1:
+            raise PayloadError(f"a secure upload's SecAgg+ weight must be 1, got "
+                               f"num_examples={res.num_examples!r}")
+        self.check_num_examples(secure_aggregation.metrics_size(res.metrics), client)
+        return Upload(client, secure_aggregation.metrics_size(res.metrics), {}, res.metrics)
+
+    def aggregate_secure(self, server_round: int, uploads: list[Upload],
+                         results: list[tuple[ClientProxy, FitRes]]) -> None:
+        """Decode the round's unmasked aggregate (SecAgg+'s mean of the survivors' dense
+        uploads, the same in every reply) into sums and hand them to :meth:`aggregate_sums`.
+        (A refused survivor's reply leaves the round empty: ``aggregate_fit``.)"""
+        aggregate = results[0][1].parameters
+        if any(res.parameters.tensors != aggregate.tensors for _, res in results[1:]):
+            raise RoundFailed("the replies of a secure round carry different aggregates")
+        from flwr.common import parameters_to_ndarrays
+        mean = secure_aggregation.from_arrays(parameters_to_ndarrays(aggregate),
+                                              self.secure_layout())
+        sums = secure_aggregation.sums_from_mean(mean, len(uploads))
+        self.aggregate_sums(server_round, sums, uploads)
+
+    def secure_upload_size(self) -> WireSize:
+        """Bytes of one masked upload: int64 values of the dense layout, plus SecAgg+'s own
+        weight (the key exchanges of the protocol's other three messages are not counted)."""
+        values = sum(math.prod(shape) for shape in self.secure_layout().values()) + 1
+        return WireSize(data=8 * values)
+
+    def secure_round_halted(self, server_round: int, why: str,
+                            failures: list[BaseException], active: set[str]) -> None:
+        """SecAgg+ stopped the round (too few clients left to rebuild the masks; ``active``:
+        the Flower cids still in the protocol): the round is recorded empty with the reason,
+        as a round without a usable update; the failed clients are those that dropped out."""
+        self.aggregate_fit(server_round, [], list(failures))
+        self._failed = sorted(pid for cid, pid in self._sampled.items() if cid not in active)
+        self._secure = {"survivors": [], "halted": why}
 
     def accept_upload(self, proxy: ClientProxy, res: FitRes, seen: set[int]) -> Upload:
         """The one validation path of every upload, whatever the loop: who sent it (and not
@@ -704,6 +785,7 @@ class FedStrategy(Strategy):
                "rejected_clients": sorted(self._rejected), "evaluated": self._evaluated,
                "empty_round": self._empty,
                **({"privacy": self.privacy.record()} if self.privacy is not None else {}),
+               **({"secure_aggregation": self._secure} if self.cfg.secure_aggregation else {}),
                **self.attack_record(evals),
                "train_loss": self._train_loss,
                **({"train_terms": self._train_terms} if self._train_terms else {}),

@@ -183,6 +183,10 @@ class TwoModelClient(FedClient):
     def upload(self) -> Payload:
         return state_arrays(self.shared)
 
+    def secure_weight(self) -> float:
+        # The weight SharedModelStrategy.average_weights gives this upload.
+        return 1.0 if self.cfg.settings.average == "uniform" else super().secure_weight()
+
     def train(self, server_round: int) -> TrainStats:
         """The recipe's local epochs (or steps) of :meth:`loss`, one optimizer per module."""
         c = self.cfg

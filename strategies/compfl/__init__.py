@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from fedapp.config import opt
 from fedapp.runtime.recipes import SGD_HALF
-from strategies import Method
+from strategies import NOT_BUILT, Method
 
 
 @dataclass(frozen=True)
@@ -53,4 +53,5 @@ METHOD = Method("experts ordered by size share per-architecture extractors; prot
                 # Paper App. B with FedPAC's learning rate (CompFL gives none).
                 recipe={**SGD_HALF, "weight-decay": 0.0005, "batch-size": 50,
                         "local-epochs": 5},
-                payload_kinds=("group-model",))
+                payload_kinds=("group-model",),
+                secure_aggregation=NOT_BUILT)

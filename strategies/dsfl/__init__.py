@@ -57,6 +57,7 @@ METHOD = Method("distillation-based semi-supervised FL: probabilities on an unla
                 # Its server averages same-shaped tables (probabilities on the open subset),
                 # as FedMD's logits: a model-like payload, whose robust rules apply.
                 payload_kinds=("model",),
+                secure_aggregation="as-is",
                 # Every row is a probability vector, which the server checks (non-negative,
                 # summing to 1): value attacks leave it as it is, so that it stays well-formed;
                 # a DS-FL attacker poisons its data (label-flip) or its model's predictions.

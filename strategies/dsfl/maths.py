@@ -141,6 +141,9 @@ class DSFLClient(FedClient):
     def upload(self) -> Payload:
         return {"probabilities": self.probabilities}
 
+    def secure_weight(self) -> float:
+        return 1.0  # p̄ is the senders' plain mean (DSFL.aggregate)
+
     def fit_metrics(self) -> dict:
         return {} if self.distilled is None else {"term-distil": self.distilled.loss}
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from fedapp.config import ConfigError, RunConfig, UploadLayout, opt
 from fedapp.runtime.recipes import HTFLLIB
-from strategies import Method
+from strategies import NOT_BUILT, Method
 
 
 @dataclass(frozen=True)
@@ -45,4 +45,5 @@ METHOD = Method("federated distillation: per-class average logits up, the other 
                 strategy_class="FD", client_class="FDClient",
                 settings=FDSettings, asynchronous=True, recipe=HTFLLIB,
                 payload_kinds=("class-rows",),
+                secure_aggregation=NOT_BUILT,
                 upload_layout=UploadLayout(labels="labels", rows=("logits",), logits=("logits",)))

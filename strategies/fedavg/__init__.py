@@ -10,4 +10,5 @@ from strategies import Method
 METHOD = Method("average the whole model (homogeneous architectures only)",
                 strategy_class="FedAvg", client_class="FedAvgClient", homogeneous_only=True,
                 recipe={**SGD_HALF, "weight-decay": 0.0, "batch-size": 50},
-                payload_kinds=("model",))
+                payload_kinds=("model",),
+                secure_aggregation="as-is")

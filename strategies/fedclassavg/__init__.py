@@ -69,4 +69,5 @@ METHOD = Method("average the shared classifier; supervised contrastive loss (vie
                         "adam-beta2": 0.999, "weight-decay": 0.0, "grad-clip": 0.0,
                         "optimizer-state": "fresh", "batch-size": 64,
                         "drop-last": True, "local-epochs": 1, "feature-dim": 512},
-                payload_kinds=("model",))
+                payload_kinds=("model",),
+                secure_aggregation="as-is")

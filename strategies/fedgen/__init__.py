@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from fedapp.config import opt
 from fedapp.runtime.recipes import HTFLLIB
-from strategies import Method
+from strategies import NOT_BUILT, Method
 
 
 # The authors' code never lets the client-term weight decay below this.
@@ -62,4 +62,5 @@ METHOD = Method("heads averaged; the server trains a feature generator on the en
                 "the heads, and clients train their heads on its features too",
                 strategy_class="FedGen", client_class="FedGenClient", shared_dim=True,
                 settings=FedGenSettings, recipe=HTFLLIB,
-                payload_kinds=("model", "server-training"))
+                payload_kinds=("model", "server-training"),
+                secure_aggregation=NOT_BUILT)

@@ -37,4 +37,6 @@ METHOD = Method("server trains a global header on clients' per-class averaged "
                         "weight-decay": 0.001, "grad-clip": 50.0,
                         "optimizer-state": "fresh"},
                 payload_kinds=("server-training",),
+                secure_aggregation=("its server trains the global header by SGD on the individual "
+                                    "(representation, label) pairs, client by client"),
                 upload_layout=UploadLayout(labels="labels", rows=("representations",)))

@@ -95,5 +95,7 @@ METHOD = Method("group knowledge transfer: each client uploads its stem's featur
                 strategy_class="FedGKT", client_class="FedGKTClient",
                 settings=FedGKTSettings, recipe=RECIPE,
                 payload_kinds=("server-training",),
+                secure_aggregation=("its server trains its large model on each client's individual "
+                                    "feature maps and logits"),
                 upload_layout=UploadLayout(labels="labels", rows=("features", "logits"),
                                            logits=("logits",)))

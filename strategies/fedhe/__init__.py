@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedapp.config import ConfigError, RunConfig, UploadLayout, opt
-from strategies import Method
+from strategies import NOT_BUILT, Method
 
 
 @dataclass(frozen=True)
@@ -42,4 +42,5 @@ METHOD = Method("per-class average logits up and down; CE + alpha * logit loss "
                 strategy_class="FedHe", client_class="FedHeClient", settings=FedHeSettings,
                 asynchronous=True, recipe=RECIPE,
                 payload_kinds=("class-rows",),
+                secure_aggregation=NOT_BUILT,
                 upload_layout=UploadLayout(labels="labels", rows=("logits",), logits=("logits",)))

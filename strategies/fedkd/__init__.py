@@ -51,4 +51,7 @@ METHOD = Method("a private mentor and a shared mentee (averaged) by adaptive mut
                 "updates travel as truncated SVD factors",
                 strategy_class="FedKD", client_class="FedKDClient",
                 settings=FedKDSettings, recipe={**HTFLLIB, "grad-clip": 10.0},
-                payload_kinds=("model",))
+                payload_kinds=("model",),
+                secure_aggregation=(
+                    "its uploads are SVD factors of each update, which do not add up: the server "
+                    "decompresses each one before averaging"))

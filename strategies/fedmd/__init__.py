@@ -79,4 +79,5 @@ METHOD = Method("model distillation on a public set: logits on A_t up, their mea
                 strategy_class="FedMD", client_class="FedMDClient", settings=FedMDSettings,
                 recipe=RECIPE, needs_public=True, public_labels=True,
                 # Its server averages same-shaped tables (logits of A_t): a model-like payload.
-                payload_kinds=("model",))
+                payload_kinds=("model",),
+                secure_aggregation="as-is")

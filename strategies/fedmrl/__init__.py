@@ -53,4 +53,5 @@ METHOD = Method("a shared small model beside each private one; a private project
                 "head all (Matryoshka); the shared model is averaged",
                 strategy_class="FedMRL", client_class="FedMRLClient",
                 settings=FedMRLSettings, recipe=HTFLLIB,
-                payload_kinds=("model",))
+                payload_kinds=("model",),
+                secure_aggregation="as-is")

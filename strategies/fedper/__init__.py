@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from fedapp.runtime.recipes import SGD_HALF
-from strategies import Method
+from strategies import NOT_BUILT, Method
 
 
 METHOD = Method("average the extractors within each architecture; heads stay private",
                 strategy_class="FedPer", client_class="FedPerClient",
                 recipe={**SGD_HALF, "weight-decay": 0.0001, "batch-size": 10},
-                payload_kinds=("group-model",))
+                payload_kinds=("group-model",),
+                secure_aggregation=NOT_BUILT)

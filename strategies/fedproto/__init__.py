@@ -37,4 +37,5 @@ METHOD = Method("per-class prototypes up, count-weighted global prototypes down;
                 recipe={**SGD_HALF, "weight-decay": 0.0, "batch-size": 10,
                         "drop-last": True},
                 payload_kinds=("class-rows",),
+                secure_aggregation="fixed-layout",
                 upload_layout=UploadLayout(class_in_name=r"class-(\d+)/"))

@@ -30,6 +30,7 @@ import re
 import numpy as np
 import torch
 
+from fedapp.runtime import secure_aggregation
 from fedapp.runtime.class_stats import ClassMeans, ClassSums, class_target_mse
 from fedapp.runtime.client_base import FedClient
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
@@ -98,6 +99,19 @@ class FedProtoClient(FedClient):
         protos = self.prototypes()
         return {f"class-{c}/n-{n}": v for c, n, v in zip(protos.labels, protos.counts,
                                                           protos.means)}
+
+    def secure_upload(self, upload: Payload) -> Payload:
+        # With secure-aggregation: a table of all C classes, row c weighted by |D_kc| over a
+        # public scale (or 1 with average = "uniform"), so that the server's sums give the
+        # same global prototypes (FedProto.aggregate_sums).
+        labels, counts = zip(*(map(int, UPLOAD_NAME.fullmatch(name).groups())
+                               for name in upload)) if upload else ((), ())
+        weights = (np.ones(len(counts)) if self.cfg.settings.average == "uniform" else
+                   np.asarray(counts, np.float64) / secure_aggregation.weight_scale(self.cfg))
+        return secure_aggregation.class_table(np.asarray(labels, np.int64),
+                                              np.stack(list(upload.values())) if upload else
+                                              np.zeros((0, self.model.feature_dim)),
+                                              weights, self.num_classes)
 
     def headline_variant(self) -> str | None:
         return "nearest-prototype" if self.cfg.settings.eval_rule == "nearest-prototype" else None
@@ -182,3 +196,12 @@ class FedProto(FedStrategy):
             return
         for c in sums:
             self.global_prototypes[c] = (sums[c] / counts[c]).astype(np.float32)
+
+    def secure_layout(self) -> dict[str, tuple[int, ...]]:
+        return secure_aggregation.class_table_layout(self.num_classes, (self.feature_dim,))
+
+    def aggregate_sums(self, server_round: int, sums: Payload, uploads: list[Upload]) -> None:
+        # The same count-weighted (or uniform) means per class as aggregate, from the sums of
+        # the survivors' class tables; the server no longer learns who holds which class, so
+        # every client is sent every global prototype (fit_payload: client_classes is empty).
+        self.global_prototypes.update(secure_aggregation.class_means_from_sums(sums))

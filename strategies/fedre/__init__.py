@@ -31,4 +31,7 @@ METHOD = Method("one random convex mix of the class prototypes with its soft lab
                 # The FedRE repository's defaults (main.py: -lr 0.03, -lbs 64).
                 recipe={**HTFLLIB, "lr": 0.03, "batch-size": 64},
                 payload_kinds=("server-training",),
+                secure_aggregation=(
+                    "its server trains on each client's individual random mixture and its soft "
+                    "label"),
                 upload_layout=UploadLayout(fixed=("weights",)))

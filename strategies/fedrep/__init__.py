@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from fedapp.config import opt
 from fedapp.runtime.recipes import SGD_HALF
-from strategies import Method
+from strategies import NOT_BUILT, Method
 
 
 @dataclass(frozen=True)
@@ -22,4 +22,5 @@ METHOD = Method("as fedper, trained head first (extractor frozen), then extracto
                 "frozen)",
                 strategy_class="FedRep", client_class="FedRepClient", settings=FedRepSettings,
                 recipe={**SGD_HALF, "weight-decay": 0.0001, "batch-size": 10},
-                payload_kinds=("group-model",))
+                payload_kinds=("group-model",),
+                secure_aggregation=NOT_BUILT)

@@ -38,4 +38,6 @@ METHOD = Method("FedProto whose server trains the global prototypes (a class-emb
                 server_d="the global prototypes are d-dimensional",
                 settings=FedTGPSettings, recipe=HTFLLIB,
                 payload_kinds=("class-rows", "server-training"),
+                secure_aggregation=("its server trains the prototype generator on the individual "
+                                    "clients' prototypes"),
                 upload_layout=UploadLayout(labels="labels", rows=("prototypes",)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedapp.config import ConfigError, RunConfig, UploadLayout, opt
-from strategies import Method
+from strategies import NOT_BUILT, Method
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ METHOD = Method("per-class mean features and logits up, their per-class averages
                 strategy_class="Felo", client_class="FeloClient", shared_dim=True,
                 settings=FeloSettings, recipe=RECIPE,
                 payload_kinds=("group-model", "class-rows"),
+                secure_aggregation=NOT_BUILT,
                 upload_layout=UploadLayout(labels="class-labels",
                                            rows=("class-features", "class-logits"),
                                            logits=("class-logits",)))

@@ -32,4 +32,5 @@ METHOD = Method("a private model and a shared meme model (one architecture, aver
                 "trained by mutual learning: CE + KL to each other",
                 strategy_class="FML", client_class="FMLClient",
                 settings=FMLSettings, recipe={**HTFLLIB, "grad-clip": 10.0},
-                payload_kinds=("model",))
+                payload_kinds=("model",),
+                secure_aggregation="as-is")

@@ -10,4 +10,5 @@ from strategies import Method
 METHOD = Method("average only the shared head; extractors stay local",
                 strategy_class="LgFedAvg", client_class="LgFedAvgClient", shared_dim=True,
                 recipe={**SGD_HALF, "weight-decay": 0.0, "batch-size": 50},
-                payload_kinds=("model",))
+                payload_kinds=("model",),
+                secure_aggregation="as-is")

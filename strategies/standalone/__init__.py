@@ -10,4 +10,5 @@ METHOD = Method("local training only; no communication (lower bound)",
                 strategy_class="Standalone", client_class="StandaloneClient",
                 asynchronous=True,
                 # Local training has no message boundary: one optimizer throughout.
-                recipe={"optimizer-state": "keep"})
+                recipe={"optimizer-state": "keep"},
+                secure_aggregation="its clients upload nothing: there is no sum to protect")

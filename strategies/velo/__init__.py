@@ -34,6 +34,8 @@ METHOD = Method("Felo whose server trains a conditional VAE on the features and 
                 strategy_class="Velo", client_class="VeloClient", shared_dim=True,
                 settings=VeloSettings, recipe=RECIPE,
                 payload_kinds=("group-model", "class-rows", "server-training"),
+                secure_aggregation=(
+                    "its server trains a conditional VAE on the individual uploaded features"),
                 upload_layout=UploadLayout(labels="class-labels",
                                            rows=("class-features", "class-logits"),
                                            logits=("class-logits",)))
