@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from fedapp.config import (METHOD_SETTINGS_KEY, PAYLOAD_KINDS, SHARED_KEYS,
                            ConfigError, RunConfig, UploadLayout, explicit_layers,
                            parse_run_config, parse_settings, resolve_layers, settings_keys,
-                           toml_value, training_settings)
+                           sampled_per_round, toml_value, training_settings)
 
 if TYPE_CHECKING:
     from fedapp.runtime.client_base import FedClient

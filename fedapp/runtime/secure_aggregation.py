@@ -41,7 +41,7 @@ the round; docs/privacy.md).
 
 from __future__ import annotations
 
-import math
+
 import time
 from logging import ERROR, INFO
 from typing import TYPE_CHECKING, Any, Mapping

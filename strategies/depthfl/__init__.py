@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedapp.config import ConfigError, RunConfig, opt
-from strategies import Method
+from strategies import NOT_BUILT, Method
 
 ASSIGNMENTS = ("round-robin", "blocks", "random")  # client_models.ASSIGNMENT_MODES (no torch)
 
@@ -127,4 +127,5 @@ METHOD = Method("depth-scaled sub-models of one multi-exit global model: a clien
                 "first d stages and their exits with mutual self-distillation (and FedDyn); "
                 "the server averages each entry over the clients whose prefix holds it",
                 strategy_class="DepthFL", client_class="DepthFLClient",
-                settings=DepthFLSettings, recipe=RECIPE, payload_kinds=("sub-model",))
+                settings=DepthFLSettings, recipe=RECIPE, payload_kinds=("sub-model",),
+                secure_aggregation=NOT_BUILT)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategies import Method
+from strategies import NOT_BUILT, Method
 from strategies.heterofl import HeteroFLSettings
 
 
@@ -27,4 +27,5 @@ METHOD = Method("HeteroFL's width slices, but each layer's kept channels are a w
                 "rolls by one index per round, so every channel of the global model is trained "
                 "equally often",
                 strategy_class="FedRolex", client_class="FedRolexClient",
-                settings=FedRolexSettings, recipe=RECIPE, payload_kinds=("sub-model",))
+                settings=FedRolexSettings, recipe=RECIPE, payload_kinds=("sub-model",),
+                secure_aggregation=NOT_BUILT)

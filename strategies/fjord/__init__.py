@@ -8,7 +8,7 @@ from fractions import Fraction
 
 from fedapp.config import ConfigError, RunConfig, opt
 from fedapp.runtime.submodel_settings import SubmodelSettings, width_rate
-from strategies import Method
+from strategies import NOT_BUILT, Method
 
 
 @dataclass(frozen=True)
@@ -57,4 +57,5 @@ METHOD = Method("ordered dropout: a client of tier p_max trains, per batch, the 
                 "sub-model of a width drawn from those <= p_max; per-width BatchNorm; nested "
                 "slices averaged by samples over the clients holding them",
                 strategy_class="FjORD", client_class="FjORDClient", settings=FjORDSettings,
-                recipe=RECIPE, payload_kinds=("sub-model",))
+                recipe=RECIPE, payload_kinds=("sub-model",),
+                secure_aggregation=NOT_BUILT)

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 from fedapp.config import opt
 from fedapp.runtime.submodel_settings import SubmodelSettings
-from strategies import Method
+from strategies import NOT_BUILT, Method
 
 
 @dataclass(frozen=True)
@@ -41,4 +41,5 @@ RECIPE = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight-decay": 5e-4,
 METHOD = Method("clients train width slices (the leading ⌈r·w⌉ channels of every layer) of one "
                 "global model; each coordinate is averaged over the clients holding it",
                 strategy_class="HeteroFL", client_class="SubmodelClient",
-                settings=HeteroFLSettings, recipe=RECIPE, payload_kinds=("sub-model",))
+                settings=HeteroFLSettings, recipe=RECIPE, payload_kinds=("sub-model",),
+                secure_aggregation=NOT_BUILT)

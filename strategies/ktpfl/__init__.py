@@ -77,6 +77,9 @@ METHOD = Method("parameterized knowledge transfer for personalised FL: soft pred
                 # The server learns coefficients from the individual uploads and mixes them per
                 # client: no average for a robust rule to replace.
                 payload_kinds=("server-training",),
+                secure_aggregation=("its server learns each client's knowledge coefficients "
+                                    "from the individual soft predictions and mixes them per "
+                                    "client"),
                 # Every row is a probability vector, which the server checks: value attacks
                 # leave it as it is (as DS-FL's); an attacker poisons its data (label-flip).
                 upload_layout=UploadLayout(fixed=("probabilities",)))
