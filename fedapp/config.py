@@ -79,9 +79,12 @@ PAYLOAD_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
                    "clients that hold the class, a handful under label skew, so only "
                    "coordinate-wise and geometric medians apply; Krum and norm bounding need "
                    "whole uploads of one shape and a current state to measure them against"),
-    "server-training": ((), "the server trains a model of its own on the individual uploaded "
-                        "pairs or heads (no average to make robust); filtering outlying "
-                        "pairs is not implemented"),
+    # The server trains a model of its own on the individual (row, label) pairs: each rule
+    # decides, per label, which rows it trains on (fedapp.runtime.aggregate.filter_pairs).
+    "server-training": (MODEL_RULES, ""),
+    "server-distillation": ((), "the server distils from each individual upload (heads, whole "
+                            "models, per-sample maps with their logits as teachers): there is "
+                            "no average to make robust and no (row, label) pair to filter"),
 }
 
 
@@ -329,6 +332,11 @@ class RunConfig:
     robust_norm_bound: float = _opt(
         0.0, "norm-bound: the largest L2 distance of an upload to the current state (> 0 "
         "with norm-bound)", low=0.0)
+    robust_filter_mads: float = _opt(
+        3.0, "median / geomed filtering of the pairs a server trains on (FedGH, FedRE, FedTGP, "
+        "Velo): a (row, label) pair is dropped when its distance to its label's median exceeds "
+        "the median distance by more than this many scaled MADs (Hampel's identifier)",
+        low=0.0)
     # -- the server loop: synchronous rounds, no barrier at all (methods whose server takes
     #    one upload at a time), or device-to-device training that the server only relays (see
     #    `fedapp methods`). The async-* settings serve every loop but 'rounds'.

@@ -94,6 +94,6 @@ METHOD = Method("group knowledge transfer: each client uploads its stem's featur
                 "and sends back its logits, the clients' KD targets (same stem map shape)",
                 strategy_class="FedGKT", client_class="FedGKTClient",
                 settings=FedGKTSettings, recipe=RECIPE,
-                payload_kinds=("server-training",),
+                payload_kinds=("server-distillation",),
                 upload_layout=UploadLayout(labels="labels", rows=("features", "logits"),
                                            logits=("logits",)))
