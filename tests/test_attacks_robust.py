@@ -383,10 +383,15 @@ def _server_state(strategy, method):
             "velo": lambda: strategy.cvae.state_dict()}[method]()
 
 
-@pytest.mark.parametrize("method", PAIR_METHODS)
-def test_a_poisoned_clients_pairs_are_dropped_before_the_server_trains(method):
-    settings = {"fedre.server_batch_size": 2} if method == "fedre" else {}
-    robust = make_strategy(method, **SMALL, robust_aggregation="median", **settings)
+@pytest.mark.parametrize("method, rule", [(m, "median") for m in PAIR_METHODS] + [
+    ("fedgh", "geomed"), ("fedre", "multi-krum"), ("fedtgp", "trimmed-mean"),
+    ("velo", "geomed")])
+def test_a_poisoned_clients_pairs_are_dropped_before_the_server_trains(method, rule):
+    # Fewer server epochs than the defaults: the same maths, in a fraction of the time.
+    settings = {"fedre": {"fedre.server_batch_size": 2}, "velo": {"velo.cvae_epochs": 2},
+                "fedtgp": {"fedtgp.server_epochs": 5}}.get(method, {})
+    robust = make_strategy(method, **SMALL, robust_aggregation=rule, robust_trim_fraction=0.2,
+                           **settings)
     robust.aggregate(1, _pair_uploads(robust, method, poisoned=True))
     rows = 1 if method == "fedre" else 3
     # Exactly the attacker's rows go (the store of Velo does not keep who sent a row).
