@@ -322,7 +322,9 @@ class RunConfig:
         "'median' / 'trimmed-mean' coordinate-wise (Yin et al. 2018), per class for per-class "
         "rows; 'krum' / 'multi-krum' (Blanchard et al. 2017); 'geomed' = geometric median "
         "(Pillutla et al. 2022); 'norm-bound' = each upload's distance to the current state "
-        "clipped to robust-norm-bound before the average", choices=ROBUST_RULES)
+        "clipped to robust-norm-bound before the average. Servers that train on (row, label) "
+        "pairs (FedGH, FedRE, FedTGP, Velo) use the rule to filter each label's rows instead",
+        choices=ROBUST_RULES)
     robust_trim_fraction: float = _opt(
         0.1, "trimmed-mean: share of the values cut at each end of every coordinate (< 0.5)",
         low=0.0, high=0.5)
