@@ -89,7 +89,19 @@ def settings(args: argparse.Namespace) -> dict:
             "max-samples-per-client": args.samples_per_client, "local-epochs": 1,
             "optimizer": "sgd", "lr": 0.01, "client-num-cpus": os.cpu_count() or 1,
             **SETTINGS[args.setting], **({"method": args.method} if args.method else {}),
-            "client-state": args.client_state}
+            "client-state": args.client_state, **dict(args.set)}
+
+
+def key_value(text: str) -> tuple[str, object]:
+    """``--set KEY=VALUE``: VALUE read as JSON where it parses (numbers, true/false, quoted
+    strings), as a string otherwise."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return key.strip(), value
 
 
 # A method's own client work that the bare loop can do too, with the function its client calls:
@@ -181,6 +193,8 @@ def full_run(args: argparse.Namespace) -> dict[str, float]:
     rounds = flwr_rounds(out)
     later = rounds[1:] or rounds
     t = {"end-to-end": end_to_end, "server": summary["wall_seconds"],
+         "first": rounds[0]["seconds"], "first-clients": rounds[0]["client_seconds"],
+         "first-strategy": rounds[0]["server_seconds"],
          **{name: sum(r[key] for r in later) / len(later)
             for name, key in (("round", "seconds"), ("round-clients", "client_seconds"),
                               ("round-strategy", "server_seconds"))}}
@@ -342,6 +356,10 @@ def main() -> None:
     parser.add_argument("--method", default="",
                         help="another method on the setting's work (e.g. standalone: the "
                              "client runtime without any method's own extra work)")
+    parser.add_argument("--set", action="append", type=key_value, default=[],
+                        metavar="KEY=VALUE",
+                        help="a further setting of the work (repeatable), e.g. "
+                             "--set public-source=train-holdout for the public-data methods")
     parser.add_argument("--warmup-rounds", type=int, default=1,
                         help="rounds the two in-process loops run untimed first")
     parser.add_argument("--client-state", default="memory", choices=("memory", "disk"),
@@ -380,6 +398,9 @@ def main() -> None:
             ("client runtime (in-process)", "runtime", 1),
             ("flwr run (ServerApp)", "server", 1),
             ("flwr run (end to end)", "end-to-end", 1),
+            ("flwr run, its first round", "first", rounds),
+            ("  of it the clients' own compute", "first-clients", rounds),
+            ("  of it the strategy's own work", "first-strategy", rounds),
             ("flwr run, one round after the first", "round", rounds),
             ("  of it the ClientApp handling its messages (--timeline)", "round-handled",
              rounds),

@@ -210,18 +210,23 @@ def assign_architectures(
         raise ModelConfigError(
             f"num_clients={num_clients!r} is not allowed: expected an integer >= 1"
         )
+    return assign(mix, num_clients, mode, seed)
+
+
+def assign(items: list, num_clients: int, mode: str = "round-robin", seed: int = 0) -> list:
+    """What each client 0..num_clients-1 gets of ``items`` (architectures, DepthFL's depths),
+    by ``mode`` as :func:`assign_architectures` describes."""
     if mode not in ASSIGNMENT_MODES:
         raise ModelConfigError(
             f"unknown assignment mode {mode!r}; valid modes: {', '.join(ASSIGNMENT_MODES)}"
         )
-
-    round_robin = [mix[k % len(mix)] for k in range(num_clients)]
+    round_robin = [items[k % len(items)] for k in range(num_clients)]
     if mode == "round-robin":
         return round_robin
     if mode == "blocks":
-        base, extra = divmod(num_clients, len(mix))
-        assigned: list[str] = []
-        for i, name in enumerate(mix):
+        base, extra = divmod(num_clients, len(items))
+        assigned: list = []
+        for i, name in enumerate(items):
             assigned += [name] * (base + (1 if i < extra else 0))
         return assigned
     order = np.random.default_rng(seed).permutation(num_clients)

@@ -22,7 +22,7 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = PROJECT_ROOT / "conf"
@@ -85,6 +85,9 @@ PAYLOAD_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
     "server-distillation": ((), "the server distils from each individual upload (heads, whole "
                             "models, per-sample maps with their logits as teachers): there is "
                             "no average to make robust and no (row, label) pair to filter"),
+    "sub-model": ((), "each entry of the global model is averaged over the clients whose "
+                  "sub-model holds it, a different set of clients per entry; a robust rule "
+                  "per entry is not implemented"),
 }
 
 
@@ -339,6 +342,27 @@ class RunConfig:
         "Velo): a (row, label) pair is dropped when its distance to its label's median exceeds "
         "the median distance by more than this many scaled MADs (Hampel's identifier)",
         low=0.0)
+    # -- client-level differential privacy (fedapp.runtime.privacy; what each method protects
+    #    and leaks: docs/privacy.md)
+    differential_privacy: bool = _opt(
+        False, "client-level differential privacy: each client's whole upload is clipped to "
+        "L2 norm dp-clip-norm (its change from what it was sent, for arrays it was sent) and "
+        "Gaussian noise is added, on the server to the sum for methods whose server only "
+        "averages models, on each client for the others; the privacy spent (epsilon at "
+        "dp-delta) is recorded every round")
+    dp_clip_norm: float = _opt(
+        1.0, "differential-privacy: the L2 norm S every client's upload is clipped to",
+        low=0.0, low_open=True)
+    dp_noise_multiplier: float = _opt(
+        1.0, "differential-privacy: z, the noise's standard deviation over the upload's "
+        "replace-one sensitivity 2 S (what the accountant's noise multiplier means)",
+        low=0.0, low_open=True)
+    dp_delta: float = _opt(1e-5, "differential-privacy: the delta epsilon is reported at",
+                           low=0.0, high=1.0, low_open=True)
+    dp_target_epsilon: float = _opt(
+        0.0, "differential-privacy: the privacy budget; the run stops cleanly (summary "
+        "written) before a round that would spend more than this epsilon (0 = no budget)",
+        low=0.0)
     # -- the server loop: synchronous rounds, no barrier at all (methods whose server takes
     #    one upload at a time), or device-to-device training that the server only relays (see
     #    `fedapp methods`). The async-* settings serve every loop but 'rounds'.
@@ -404,6 +428,9 @@ class RunConfig:
     settings: Any = field(default=None, metadata={"internal": True})
     # -- the chosen method's upload layout (its card's ``upload_layout``), set by ``strategies``
     upload_layout: "UploadLayout" = field(default=None, metadata={"internal": True})
+    # -- what the chosen method's server combines (its card's ``payload_kinds``), set by
+    #    ``strategies``: where differential privacy's noise goes (fedapp.runtime.privacy)
+    payload_kinds: tuple = field(default=(), metadata={"internal": True})
 
     # ----------------------------------------------------------------------------------------
     @property
@@ -492,6 +519,28 @@ SHARED_KEYS = settings_keys(RunConfig)
 RECIPE_KEYS = ("optimizer", "lr", "momentum", "adam-beta1", "adam-beta2", "weight-decay",
                "grad-clip", "lr-decay-at", "lr-decay", "optimizer-state", "batch-size",
                "drop-last", "local-epochs", "local-steps", "feature-dim")
+
+
+def idle_recipe_keys(values: Mapping[str, Any]) -> set[str]:
+    """The recipe keys that the training ``values`` describe does not read: Adam's betas under
+    SGD and momentum under Adam, the decay factor when the learning rate never decays, and
+    the epochs and the short last batch when a fixed number of random mini-batches
+    (``local-steps``) replaces them. Two runs that differ only there train alike."""
+    idle = {"sgd": {"adam-beta1", "adam-beta2"}, "adam": {"momentum"}}.get(
+        values.get("optimizer"), set())
+    if not values.get("lr-decay-at"):
+        idle |= {"lr-decay"}
+    if values.get("local-steps"):
+        idle |= {"local-epochs", "drop-last"}
+    return idle
+
+
+def training_settings(values: Mapping[str, Any],
+                      keys: Sequence[str] = RECIPE_KEYS) -> dict[str, Any]:
+    """How a client of a run with effective settings ``values`` trains: the ``keys`` (default
+    every recipe key) that act, with their values, in ``keys``' order."""
+    idle = idle_recipe_keys(values)
+    return {k: values[k] for k in keys if k not in idle and k in values}
 # Settings that became shared recipe keys: a preset that still names one is told where it went.
 MOVED_KEYS = {f"{m}.local-batches": "local-steps" for m in ("fedhe", "felo", "velo")} | {
     "fedclassavg.adam-beta1": "adam-beta1", "fedclassavg.adam-beta2": "adam-beta2",

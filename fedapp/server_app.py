@@ -19,6 +19,7 @@ from fedapp.loops.asynchronous import AsyncLoop
 from fedapp.loops.grid_io import PromptGrid
 from fedapp.loops.relay import GossipLoop, WalkLoop
 from fedapp.runtime import checkpoint, linkstate
+from fedapp.runtime.privacy import PrivacyBudgetSpent
 from fedapp.runtime.results import Recorder
 from fedapp.runtime.strategy_base import RoundFailed
 from strategies import get_method, load_config, recipe_line, settings_report
@@ -112,6 +113,12 @@ def main(grid: Grid, context: Context) -> None:
         start_grid(grid=PromptGrid(grid), server=deployed_server(grid, components),
                    config=components.config, strategy=strategy,
                    client_manager=components.client_manager)
+    except PrivacyBudgetSpent as exc:
+        # Not a failure: the next round would pass dp-target-epsilon, so the run ends here with
+        # its summary, the rounds so far and the privacy they spent (fedapp.runtime.privacy).
+        log(INFO, "[fedapp] privacy budget: %s", exc)
+        if strategy.recorder is not None:
+            strategy.recorder.finish({"stopped": {"kind": "privacy-budget", "reason": str(exc)}})
     except RoundFailed as exc:
         # Flower records only that the run failed: the results folder says why.
         if strategy.recorder is not None:

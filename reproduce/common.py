@@ -12,6 +12,7 @@ A rerun is bit-for-bit equal on the same kind of CPU; on another kind it may not
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -23,7 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from fedapp.config import toml_value
+from fedapp.config import RECIPE_KEYS, toml_value, training_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 # `fedapp` through this interpreter: the same as the console script, without needing it
@@ -248,6 +249,69 @@ def page_methods() -> dict[str, Any]:
     return {name: METHODS[name] for name in PAGE_ORDER}
 
 
+# A recipe's Standalone: local training with a method's recipe, which tells what the recipe does
+# to a method's difference to the default Standalone from what the method does. The tables
+# name a recipe by its first method in PAGE_ORDER (``fedper-recipe`` serves FedPer and FedRep);
+# HtFLlib's (FD's: plain SGD, a new optimizer every round, shared by most of its methods) is
+# ``htfllib-recipe``. ``base``: the settings every run of the table shares (a table that pins
+# some training settings, as the scoreboard does, has fewer recipes); ``keys``: the training
+# settings that tell recipes apart (default: every recipe key).
+Settings = tuple[tuple[str, Any], ...]
+
+
+@functools.cache
+def training(method: str, base: Settings = (),
+             keys: tuple[str, ...] = RECIPE_KEYS) -> Settings:
+    """How ``method``'s clients train under ``base`` (its recipe under what ``base`` pins, as
+    ``fedapp settings`` resolves it): the ``keys`` values that act (momentum for SGD, betas for
+    Adam, the decay factor when the lr decays: fedapp.config.training_settings)."""
+    from fedapp.cli.run import resolve_settings
+    from strategies import settings_report
+    texts = [f"{k}={toml_value(v)}" for k, v in {**dict(base), "method": method}.items()]
+    values = settings_report(resolve_settings(None, texts)[0])["settings"]
+    return tuple(training_settings(values, keys).items())
+
+
+@functools.cache
+def recipes(base: Settings = (), keys: tuple[str, ...] = RECIPE_KEYS) -> dict[str, Settings]:
+    """Each recipe of the pages' methods under ``base`` other than Standalone's own, by its
+    name (``<first method>-recipe``, or ``htfllib-recipe``). A one-architecture method (FedAvg)
+    names none: it trains with LG-FedAvg's."""
+    METHODS = page_methods()
+    own, out = training("standalone", base, keys), {}
+    for name, method in METHODS.items():
+        values = training(name, base, keys)
+        if method.homogeneous_only or values == own or values in out.values():
+            continue
+        out["htfllib-recipe" if values == training("fd", base, keys)
+            else f"{name}-recipe"] = values
+    return out
+
+
+def recipe_named(values: Settings, base: Settings = (),
+                 keys: tuple[str, ...] = RECIPE_KEYS) -> str | None:
+    """The name of the recipe whose training is ``values``; None if none is (Standalone's own
+    recipe included)."""
+    return next((name for name, v in recipes(base, keys).items() if v == values), None)
+
+
+def recipe_of(method: str, base: Settings = (),
+              keys: tuple[str, ...] = RECIPE_KEYS) -> str | None:
+    """The recipe of the Standalone that trains as ``method`` does; None if Standalone's own
+    recipe is ``method``'s."""
+    return recipe_named(training(method, base, keys), base, keys)
+
+
+def recipe_label(name: str, base: Settings = (), keys: tuple[str, ...] = RECIPE_KEYS) -> str:
+    """``"the recipe of fedper, fedrep"`` (``"HtFLlib's recipe: fd, ..."``): the recipe and the
+    methods (of several architectures) that train with it."""
+    METHODS = page_methods()
+    users = [m for m in METHODS
+             if recipe_of(m, base, keys) == name and not METHODS[m].homogeneous_only]
+    return ("HtFLlib's recipe: " if name == "htfllib-recipe" else "the recipe of ") + ", ".join(
+        users)
+
+
 def training_caption(preset: str, overrides: Mapping[str, Any] = ()) -> str:
     """How every client of ``preset`` (with ``overrides``) trains, in words for a table's
     caption: optimizer, learning rate, lifetime, local steps and batch, as ``fedapp settings``
@@ -300,9 +364,12 @@ def digits_data(out: Path = DIGITS_DIR) -> Path:
     return out
 
 
-# Two small settings a user might start from, one on a data set nothing was tuned on: the
-# settings of docs/defaults.md (every method with its own recipe) and of FedClassAvg's defaults.
-# Only data and federation are set here; training is the method's recipe.
+# Small settings a user might start from, one on a data set nothing was tuned on, one with
+# sparse participation (the cross-device regime: many small, skewed clients, a tenth of them
+# per round, each training about ten times in the run): the columns of docs/defaults.md (every
+# method with its own recipe); FedClassAvg's defaults were chosen on the first two
+# (FEDCLASSAVG_SETTINGS). Only data and federation are set here; training is the method's
+# recipe.
 DEFAULTS_SETTINGS = {
     "Fashion-MNIST": lambda: {"dataset": "fmnist", "num-clients": 10, "partition": "dirichlet",
                               "dirichlet-alpha": 0.5, "max-samples-per-client": 300,
@@ -310,7 +377,12 @@ DEFAULTS_SETTINGS = {
     "digits": lambda: {"dataset": "npz", "data-dir": str(digits_data()), "num-clients": 10,
                        "partition": "dirichlet", "dirichlet-alpha": 0.5,
                        "test-fraction": 0.5, "num-server-rounds": 40, "eval-every": 10},
+    "Fashion-MNIST sparse": lambda: {"dataset": "fmnist", "num-clients": 100,
+                                     "partition": "dirichlet", "dirichlet-alpha": 0.3,
+                                     "max-samples-per-client": 300, "fraction-fit": 0.1,
+                                     "num-server-rounds": 100, "eval-every": 20},
 }
+FEDCLASSAVG_SETTINGS = ("Fashion-MNIST", "digits")
 
 
 def per_architecture(summaries: Sequence[Mapping[str, Any]]) -> str:

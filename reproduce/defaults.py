@@ -1,24 +1,44 @@
-"""Every registered method with its own default recipe, on two small data sets, beside
-Standalone: do the defaults lose in silence?
+"""Every registered method with its own default recipe, on three small settings, beside
+Standalone at the default recipe and Standalone at the method's own recipe: do the defaults lose
+in silence, and is what a method gains its own or its recipe's?
 
-Each method runs with nothing set but the data and the federation (common.DEFAULTS_SETTINGS:
-Fashion-MNIST, and scikit-learn's handwritten digits, on which nothing was tuned), so it trains
-with its recipe (docs/recipes.md) and its own defaults — what ``--set method=...`` gives a
-user. Standalone (local training: the global defaults, one optimizer for the whole run) sits
-beside every method; FedAvg, which needs one architecture, runs on the smallest CNN, with a
-Standalone of that CNN beside it. Three seeds, each method's seeds on one SuperLink. Writes
-docs/defaults.md, and the evidence tables of the pages of the methods taken from HtFLlib
-(``PAGES``: their rows beside Standalone, LG-FedAvg, FedProto and FedAvg).
+Each method runs with nothing set but the data and the federation (common.DEFAULTS_SETTINGS),
+so it trains with its recipe (docs/recipes.md) and its own defaults — what ``--set method=...``
+gives a user. The columns:
+
+- *Fashion-MNIST*: 10 clients of at most 300 samples, Dirichlet 0.5, all clients every round,
+  20 rounds.
+- *digits*: scikit-learn's handwritten digits (a data set nothing was tuned on), 10 clients,
+  Dirichlet 0.5, 40 rounds.
+- *Fashion-MNIST sparse*: sparse participation, the cross-device regime: 100 clients of at most
+  300 samples, Dirichlet 0.3, 10 % of them sampled per round, 100 rounds — each client trains
+  about ten times, and a method's state meets a client after about ten rounds of others.
+
+The rows: Standalone (local training: the global defaults, one optimizer for the whole run);
+Standalone trained with each distinct recipe of the methods (common.recipes: the scoreboard's
+recipes, here with their batch size and local epochs or steps too, since nothing pins them:
+``standalone (the recipe of fedper, fedrep)``, ``standalone (HtFLlib's recipe: ...)``); then
+every method. FedAvg, which needs one architecture, runs on the smallest CNN, beside a
+Standalone of that CNN and one of that CNN at FedAvg's recipe. In each column, three cells per
+row: the accuracy, Δ against the default Standalone, and Δ against the Standalone trained with
+the row's own recipe, paired by seed (mean ± std over the seeds of the seed-by-seed difference).
+The verdicts under the table read each method against Standalone at its own recipe, by
+common.VERDICT_RULE. Three seeds, each row's seeds on one SuperLink. Writes docs/defaults.md,
+and the evidence tables of the pages of the methods taken from HtFLlib (``PAGES``: their rows
+beside Standalone, LG-FedAvg, FedProto and FedAvg, and the Standalone at each one's recipe).
 
     .venv/bin/pip install -e ".[reproduce]"      # scikit-learn, for the digits
     .venv/bin/python reproduce/defaults.py                      # every method, 3 seeds
+    .venv/bin/python reproduce/defaults.py --dry-run            # the runs it would make
     .venv/bin/python reproduce/defaults.py --methods fedgh fedhe --seeds 0
     .venv/bin/python reproduce/defaults.py --jobs 8 --client-num-gpus 0.25   # 8 runs at once
 
-Finished runs are reused (results/defaults/), so an interrupted run resumes. With
-``--methods``, the table's other rows are kept as the page has them (written by an earlier
-invocation of this script), so one method can be added or re-run without re-running the rest;
-the caption names the methods whose rows were taken from the page.
+Finished runs are reused (results/defaults/, else their records), so an interrupted run
+resumes. With ``--methods``, the table's other rows are kept as the page has them (written by
+an earlier invocation of this script, with the same columns), so one method can be added or
+re-run without re-running the rest; the caption names the methods whose rows were taken from
+the page. ``--dry-run`` lists every run the invocation needs, which of them are made already,
+and checks each one's settings as ``fedapp run`` would, running nothing.
 """
 
 from __future__ import annotations
@@ -26,13 +46,16 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (DEFAULT_SEEDS, DEFAULTS_SETTINGS, ROOT, add_resource_options,  # noqa: E402
-                    cell, mean_client_accuracy, mean_std, page_methods, read_generated,
-                    resource_overrides, run_parallel, run_seeds, training_caption,
-                    write_generated, seeds_option)
+from common import (DEFAULT_SEEDS, DEFAULTS_SETTINGS, ROOT, VERDICT_RULE,  # noqa: E402
+                    add_resource_options, cell, finished, mean_client_accuracy, mean_std,
+                    page_methods, read_generated, recipe_label, recipe_named, recipes,
+                    resource_overrides, run_parallel, run_seeds, seeds_option, training,
+                    training_caption, verdict, write_generated)
 
 from fedapp.config import toml_value  # noqa: E402
 
@@ -48,17 +71,11 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-LOSERS = "Below Standalone by more than the seed spread: "
-
-
-def previous_table(doc: Path) -> tuple[dict[str, str], list[str]]:
-    """The rows (label -> row) and the "below Standalone" entries of the table ``doc`` has."""
-    text = read_generated(doc, SCRIPT)
-    rows = {line.split("|")[1].strip(): line for line in text.splitlines()
-            if line.startswith("| ") and not line.startswith("| method |")}
-    losers = [line[len(LOSERS):].rstrip(".").split(", ") for line in text.splitlines()
-              if line.startswith(LOSERS) and not line.endswith("none.")]
-    return rows, losers[0] if losers else []
+# The verdicts under the table, each a line of "<label> on <column>" entries separated by "; "
+# (a label may hold a comma).
+VERDICTS = {"fails": "Below Standalone at its own recipe (**fails**): ",
+            "level": "Level with Standalone at its own recipe: ",
+            "holds": "Above Standalone at its own recipe (**holds**): "}
 
 
 # The pages of the methods added from HtFLlib, each with its methods' rows beside the baselines
@@ -71,6 +88,193 @@ PAGES = {"docs/htfl-methods-1.md": ["fd", "fedre", "fedtgp"], "docs/fedgen.md": 
          "docs/fedl2g.md": ["fedl2g"], "docs/shared-model-methods.md": ["fml", "fedmrl", "fedkd"]}
 
 
+@dataclass
+class Row:
+    """A row of the table: ``method`` with ``changed`` (nothing else but the column's data and
+    federation), its runs named ``<column>-<name>-seed<s>``. ``base``: the key of the Standalone
+    row its Δ is against (None: a baseline, no Δ); ``own``: the key of the Standalone row
+    trained with its own recipe (None: none is, or the row is a Standalone). ``owners``: the
+    methods whose asking for runs this row is run for (empty: always)."""
+
+    key: str
+    label: str
+    method: str
+    changed: dict[str, Any]
+    name: str
+    base: str | None = None
+    own: str | None = None
+    owners: tuple[str, ...] = field(default_factory=tuple)
+
+
+def table_rows(every: Sequence[str]) -> list[Row]:
+    """The rows of the table for the methods ``every``, in order: the Standalone rows (the
+    default recipe, then each recipe of the methods), then each method with, after it, the
+    Standalone rows only it needs (one architecture) and its tried settings."""
+    METHODS = page_methods()
+    methods: list[Row] = []
+    # The Standalone rows the method rows read against, by (one architecture, recipe).
+    alone: dict[tuple[bool, str], Row] = {}
+
+    def own_row(method: str, changed: dict[str, Any], base: str) -> str | None:
+        """The key of the Standalone row that trains as ``method`` with ``changed`` does (made
+        on first need); ``base`` if that is Standalone's default recipe; None if no recipe's
+        is."""
+        values = training(method, tuple(changed.items()))
+        recipe = recipe_named(values)
+        if recipe is None:
+            return base if values == training("standalone") else None
+        one_arch = base == "standalone-one-arch"
+        if (one_arch, recipe) not in alone:
+            where = f"{ONE_ARCH['arch-mix']} only, " if one_arch else ""
+            alone[one_arch, recipe] = Row(
+                f"{base}-{recipe}", f"standalone ({where}{recipe_label(recipe)})", "standalone",
+                {**(ONE_ARCH if one_arch else {}), **dict(recipes()[recipe])}, f"{base}-{recipe}",
+                base=base)
+        alone[one_arch, recipe].owners += (method,)
+        return alone[one_arch, recipe].key
+
+    for method in every:
+        if METHODS[method].homogeneous_only:
+            methods.append(Row(method, f"{method} ({ONE_ARCH['arch-mix']} only)", method,
+                               dict(ONE_ARCH), f"{method}-one-arch", base="standalone-one-arch",
+                               own=own_row(method, ONE_ARCH, "standalone-one-arch")))
+            methods.append(Row("standalone-one-arch", f"standalone ({ONE_ARCH['arch-mix']} only)",
+                               "standalone", dict(ONE_ARCH), "standalone-one-arch",
+                               owners=(method,)))
+        else:
+            methods.append(Row(method, method, method, {}, method, base="standalone",
+                               own=own_row(method, {}, "standalone")))
+        for i, changed in enumerate(TRIED.get(method, [])):
+            what = ", ".join(f"{k} = {toml_value(v)}" for k, v in changed.items())
+            methods.append(Row(f"{method}-tried-{i}", f"{method} with {what}", method, changed,
+                               f"{method}-{slug(what)}", base="standalone",
+                               own=own_row(method, changed, "standalone")))
+    order = list(recipes())  # the recipes' Standalone rows in their order, one-arch ones last
+    first = [alone[k] for k in sorted(alone, key=lambda k: (k[0], order.index(k[1])))]
+    return [Row("standalone", "standalone", "standalone", {}, "standalone"), *first, *methods]
+
+
+Runs = Callable[[Row, str], "list[dict] | None"]
+
+
+def header(columns: Sequence[str]) -> list[str]:
+    return ["| method | " + " | ".join(f"{c} | Δ {c} | Δ own recipe {c}" for c in columns)
+            + " | recipe |", "|---|" + "---|---|---|" * len(columns) + "---|"]
+
+
+def row_text(row: Row, by_key: Mapping[str, Row], columns: Sequence[str], runs: Runs,
+             verdicts: dict[str, list[str]]) -> str:
+    """The row's line of the table; each of its verdicts against Standalone at its own recipe
+    (VERDICT_RULE) joins ``verdicts`` as ``"<label> on <column>"``. ``runs(row, column)``:
+    the summaries of the row's seeds in that column (None: not run)."""
+    cells = []
+    for column in columns:
+        mine = runs(row, column)
+        if not mine:
+            cells.append("not run | — | —")
+            continue
+        base = runs(by_key[row.base], column) if row.base else None
+        own = runs(by_key[row.own], column) if row.own and row.method != "standalone" else None
+        delta = "—"
+        if base:
+            means = [mean_std(map(mean_client_accuracy, x))[0] for x in (mine, base)]
+            delta = f"{means[0] - means[1]:+.3f}"
+        against = "—"
+        if own:
+            if len(mine) != len(own):
+                raise ValueError(f"paired runs: {len(mine)} seeds against {len(own)}")
+            diffs = [mean_client_accuracy(x) - mean_client_accuracy(y) for x, y in zip(mine, own)]
+            against = "{:+.3f} ± {:.3f}".format(*mean_std(diffs))
+            verdicts[verdict(diffs)].append(f"{row.label} on {column}")
+        cells.append(f"{cell(map(mean_client_accuracy, mine))} | {delta} | {against}")
+    return (f"| {row.label} | " + " | ".join(cells) + " | "
+            + training_caption(None, {"method": row.method, **row.changed}) + " |")
+
+
+def verdict_lines(verdicts: Mapping[str, Sequence[str]]) -> list[str]:
+    """The rule, then one line per verdict (``none`` where no entry has it)."""
+    return [VERDICT_RULE, "", *(f"- {start}{'; '.join(verdicts.get(v, [])) or 'none'}."
+                                for v, start in VERDICTS.items())]
+
+
+def previous_table(doc: Path, columns: Sequence[str]) -> tuple[dict[str, str],
+                                                                dict[str, list[str]]]:
+    """The rows (label -> row) and the verdict entries (verdict -> entries) of the table
+    ``doc`` has, if its columns are ``columns`` (a table of other columns keeps nothing)."""
+    text = read_generated(doc, SCRIPT)
+    if header(columns)[0] not in text:
+        return {}, {}
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith("| method |")}
+    verdicts = {v: [e for line in text.splitlines() if line.startswith(f"- {start}")
+                    for e in line[len(start) + 2:].rstrip(".").split("; ") if e != "none"]
+                for v, start in VERDICTS.items()}
+    return rows, verdicts
+
+
+def needed(rows: Sequence[Row], methods: Sequence[str]) -> set[str]:
+    """The keys of the rows an invocation for ``methods`` runs: those whose owners (default:
+    the row's method; none for a Standalone row: always) include one of ``methods``, and the
+    Standalone rows they read against."""
+    asked = set()
+    for row in rows:
+        owners = row.owners or (() if row.method == "standalone" else (row.method,))
+        if not owners or set(owners) & set(methods):
+            asked |= {row.key} | {k for k in (row.base, row.own) if k}
+    return asked
+
+
+def planned(rows: Sequence[Row], asked: set[str], columns: Sequence[str],
+            seeds: Sequence[int]) -> list[tuple[str, Row, str]]:
+    """(column, row, run name without the seed) of every asked row, column by column."""
+    return [(c, row, f"{slug(c)}-{row.name}") for c in columns for row in rows
+            if row.key in asked]
+
+
+def dry_run(plan: Sequence[tuple[str, Row, str]], seeds: Sequence[int], out: Path,
+            resources: Mapping[str, Any]) -> list[str]:
+    """Print every run of ``plan`` at ``seeds``, marking those made already (``out`` or its
+    records), after each column's settings; check every run's settings as ``fedapp run`` does
+    before anything starts, and each column's data and partition at every seed (they do not
+    depend on the method). Returns the refusals, one line each."""
+    from fedapp.cli.run import check_run_data, resolve_settings
+    from fedapp.config import ConfigError
+    from strategies import load_config
+
+    def check(name: str, settings: Mapping[str, Any], data: bool = False) -> None:
+        try:
+            cfg = load_config(resolve_settings(None, [f"{k}={toml_value(v)}"
+                                                      for k, v in settings.items()])[0])
+            if data:
+                check_run_data(cfg)
+        except (ConfigError, ValueError, OSError) as exc:
+            refused.append(f"{name}: {exc}")
+
+    refused: list[str] = []
+    made, column = 0, None
+    for c, row, name in plan:
+        if c != column:
+            column = c
+            print(f"\n# {c}: " + ", ".join(f"{k} = {toml_value(v)}"
+                                          for k, v in DEFAULTS_SETTINGS[c]().items()))
+            for seed in seeds:
+                check(f"{slug(c)} data at seed {seed}",
+                      {**DEFAULTS_SETTINGS[c](), "method": "standalone", "seed": seed}, True)
+        check(name, {**DEFAULTS_SETTINGS[c](), "method": row.method, **row.changed, **resources})
+        for seed in seeds:
+            done = finished(out, f"{name}-seed{seed}") is not None
+            made += done
+            print(f"{'made  ' if done else 'to run'} {name}-seed{seed}: method = "
+                  f"{toml_value(row.method)}"
+                  + "".join(f", {k} = {toml_value(v)}" for k, v in row.changed.items()))
+    total = len(plan) * len(seeds)
+    print(f"\n[reproduce] {total} runs: {made} made already, {total - made} to run"
+          + (f"; {len(refused)} refused:\n" + "\n".join(refused) if refused else
+             "; every one's settings, and each column's data and partition at every seed, "
+             "pass fedapp's checks"))
+    return refused
+
+
 def main() -> None:
     METHODS = page_methods()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -78,96 +282,46 @@ def main() -> None:
                         default=[m for m in METHODS if m != "standalone"])
     parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list the runs this invocation needs (made or to run) and check "
+                             "their settings; run nothing, write nothing")
     add_resource_options(parser)
     args = parser.parse_args()
     out, seeds, resources = args.out.resolve(), args.seeds, resource_overrides(args)
 
     every = [m for m in METHODS if m != "standalone"]
-    data_sets = list(DEFAULTS_SETTINGS)
-    header = ["| method | " + " | ".join(f"{d} | Δ {d}" for d in data_sets) + " | recipe |",
-              "|---|" + "---|---|" * len(data_sets) + "---|"]
-    rows: dict[str, str] = {}
-    losers: list[str] = []
-    old_rows, old_losers = previous_table(DOC)
-    fresh: set[str] = set()  # the keys of the rows computed by this invocation
+    columns = list(DEFAULTS_SETTINGS)
+    rows = table_rows(every)
+    by_key = {row.key: row for row in rows}
+    asked = needed(rows, args.methods)
+    plan = planned(rows, asked, columns, seeds)
+    if args.dry_run:
+        raise SystemExit(1 if dry_run(plan, seeds, out, resources) else 0)
 
-    def asked(method: str, owners: tuple[str, ...] = ()) -> bool:
-        """Whether a row is run: its owners (default: ``method``; none: always) are asked for."""
-        owners = owners or ((method,) if method != "standalone" else ())
-        return not owners or bool(set(owners) & set(args.methods))
-
-    def experiments(method: str, changed: dict, name: str,
-                    base: dict | None = None) -> list[tuple[None, dict, str]]:
-        """A row's runs, and its Standalone's, on every data set at every seed."""
-        return [(None, {**DEFAULTS_SETTINGS[d](), "method": m, **c, "seed": seed, **resources},
-                 f"{slug(d)}-{n}-seed{seed}")
-                for m, c, n in [(method, changed, name)] + (
-                    [] if base is None else
-                    [("standalone", base, "standalone" + ("-one-arch" if base else ""))])
-                for d in data_sets for seed in seeds]
-
-    def row(key: str, label: str, method: str, changed: dict, name: str,
-            base: dict | None = None, owners: tuple[str, ...] = ()) -> None:
-        """Three seeds of ``method`` with ``changed`` on each data set, beside Standalone
-        with ``base`` (None: this is a baseline row, no Δ). The row belongs to ``owners``
-        (default: ``method``; none: always run); when none of them is asked for, the page's
-        row is kept."""
-        if not asked(method, owners):
-            if label in old_rows:
-                rows[key] = old_rows[label]
-                losers.extend(e for e in old_losers if e.rsplit(" on ", 1)[0] == label)
-            return
-        fresh.add(key)
-        cells = []
-        for d in data_sets:
-            mine = [mean_client_accuracy(s) for s in run_seeds(
-                None, {**DEFAULTS_SETTINGS[d](), "method": method, **changed, **resources},
-                f"{slug(d)}-{name}", seeds, out)]
-            text = cell(mine) + " | "
-            if base is None:
-                cells.append(text + "—")
-                continue
-            standalone = [mean_client_accuracy(s) for s in run_seeds(
-                None, {**DEFAULTS_SETTINGS[d](), "method": "standalone", **base, **resources},
-                f"{slug(d)}-standalone" + ("-one-arch" if base else ""), seeds, out)]
-            (mean, std), (base_mean, base_std) = mean_std(mine), mean_std(standalone)
-            cells.append(text + f"{mean - base_mean:+.3f}")
-            if mean < base_mean - max(std, base_std):
-                losers.append(f"{label} on {d}")
-        rows[key] = (f"| {label} | " + " | ".join(cells) + " | "
-                     + training_caption(None, {"method": method, **changed}) + " |")
-
-    # The table's rows in order: (key, label, method, changed settings, run name, base, owners).
-    specs: list[tuple] = [("standalone", "standalone", "standalone", {}, "standalone")]
-    for method in every:
-        one_arch = METHODS[method].homogeneous_only
-        extra = ONE_ARCH if one_arch else {}
-        specs.append((method, method + (f" ({ONE_ARCH['arch-mix']} only)" if one_arch else ""),
-                      method, extra, method + ("-one-arch" if one_arch else ""), extra))
-        if one_arch:
-            specs.append(("standalone-one-arch", f"standalone ({ONE_ARCH['arch-mix']} only)",
-                          "standalone", ONE_ARCH, "standalone-one-arch", None, (method,)))
-        for i, changed in enumerate(TRIED.get(method, [])):
-            what = ", ".join(f"{k} = {toml_value(v)}" for k, v in changed.items())
-            specs.append((f"{method}-tried-{i}", f"{method} with {what}", method, changed,
-                          f"{method}-{slug(what)}", {}))
-    # Local training with the same steps as the eight methods taken from HtFLlib (their shared
-    # recipe: batch 10, six times the global default's steps per round), so that what they add
-    # to local training can be told from what their recipe alone adds.
-    htfllib_recipe = dict(METHODS["fd"].recipe)
-    specs.append(("standalone-htfllib", "standalone with HtFLlib's recipe (FD's)", "standalone",
-                  htfllib_recipe, "standalone-htfllib-recipe", {},
-                  tuple(m for m in every if dict(METHODS[m].recipe) == htfllib_recipe)))
+    def overrides(column: str, row: Row) -> dict[str, Any]:
+        return {**DEFAULTS_SETTINGS[column](), "method": row.method, **row.changed, **resources}
 
     # With --jobs, every run the asked rows need, that many at a time; the rows then reuse them.
-    run_parallel([e for spec in specs if asked(spec[2], *spec[6:])
-                  for e in experiments(*spec[2:6])], out, args.jobs)
-    for spec in specs:
-        row(*spec)
+    run_parallel([(None, {**overrides(c, row), "seed": seed}, f"{name}-seed{seed}")
+                  for c, row, name in plan for seed in seeds], out, args.jobs)
+    made = {(row.key, c): run_seeds(None, overrides(c, row), name, seeds, out)
+            for c, row, name in plan}
+
+    old_rows, old_verdicts = previous_table(DOC, columns)
+    texts: dict[str, str] = {}
+    verdicts: dict[str, list[str]] = {v: [] for v in VERDICTS}
+    for row in rows:
+        if row.key in asked:
+            texts[row.key] = row_text(row, by_key, columns,
+                                      lambda r, c: made.get((r.key, c)), verdicts)
+        elif row.label in old_rows:  # not asked for: the page's row, and its verdicts
+            texts[row.key] = old_rows[row.label]
+            for v, entries in old_verdicts.items():
+                verdicts[v] += [e for e in entries if e.rsplit(" on ", 1)[0] == row.label]
 
     ran = [m for m in every if m in args.methods]
     kept = [m for m in every if m not in ran and any(
-        k == m or k.startswith(f"{m}-tried-") for k in rows)]
+        k == m or k.startswith(f"{m}-tried-") for k in texts)]
     covered = ran + kept
 
     def caption(command: str) -> str:
@@ -180,22 +334,27 @@ def main() -> None:
                    if kept and ran else "")
                 + ". Mean per-client local-test accuracy after the last round, ± std over "
                 f"{len(seeds)} seed(s); Δ = against Standalone on the same data and "
-                "architectures (local training with its own recipe). Every method trains with "
-                "its own recipe, shown in the last column.")
+                "architectures with its default recipe (the row *standalone*, or *standalone "
+                f"({ONE_ARCH['arch-mix']} only)*); Δ own recipe = against the Standalone row "
+                "trained with the row's own recipe (the same optimizer, lifetime, lr, batches "
+                "and local steps), paired by seed: mean ± std over the seeds of the "
+                "seed-by-seed difference (— where no Standalone trains as the row does). "
+                "Every method trains with its own recipe, shown in the last column.")
 
-    lines = [caption(SCRIPT), "", *header, *rows.values(), "",
-             LOSERS
-             + (", ".join(losers) if losers else "none") + "."]
+    lines = [caption(SCRIPT), "", *header(columns), *texts.values(), "",
+             *verdict_lines(verdicts)]
     write_generated(DOC, SCRIPT, "\n".join(lines))
     print(f"[reproduce] wrote {DOC}")
     for page, methods in PAGES.items():
-        wanted = (BASELINES + methods
-                  + [f"{m}-tried-{i}" for m in methods for i in range(len(TRIED.get(m, [])))]
-                  + ["standalone-one-arch", "standalone-htfllib"])
-        if all(m in rows for m in wanted) and fresh & set(methods):
+        named = set(BASELINES + methods + ["standalone-one-arch"]) | {
+            f"{m}-tried-{i}" for m in methods for i in range(len(TRIED.get(m, [])))}
+        named |= {by_key[k].own for k in named if k in by_key and by_key[k].own}
+        wanted = [row.key for row in rows if row.key in named]
+        if all(k in texts for k in wanted) and asked & set(methods):
             write_generated(ROOT / page, SCRIPT, "\n".join(
-                [caption(SCRIPT) + " The whole table: [defaults.md](defaults.md).", "",
-                 *header, *(rows[m] for m in wanted)]))
+                [caption(SCRIPT) + " The whole table, with the verdicts: "
+                 "[defaults.md](defaults.md).", "", *header(columns),
+                 *(texts[k] for k in wanted)]))
             print(f"[reproduce] wrote {page}")
 
 

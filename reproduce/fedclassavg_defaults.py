@@ -8,8 +8,8 @@ first view) to the usual normalised SupCon (T = T_base = 0.07) with the code's v
 mild views (crops of scale 0.8-1, no flip) and the cross-entropy on the raw image, and with
 no views at all. Every run trains
 with FedClassAvg's recipe (docs/recipes.md), Standalone included, in the small settings of
-docs/defaults.md (common.DEFAULTS_SETTINGS). Writes the table and the verdict between the
-markers of docs/fedclassavg.md.
+docs/defaults.md (common.DEFAULTS_SETTINGS: its first two columns, FEDCLASSAVG_SETTINGS).
+Writes the table and the verdict between the markers of docs/fedclassavg.md.
 
     .venv/bin/pip install -e ".[reproduce]"      # scikit-learn, for the digits
     .venv/bin/python reproduce/fedclassavg_defaults.py            # 30 runs
@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (DEFAULT_SEEDS, DEFAULTS_SETTINGS, ROOT, cell, mean_std,  # noqa: E402
-                    per_client_accuracies, run_experiment, training_caption, write_generated,
-                    seeds_option)
+from common import (DEFAULT_SEEDS, DEFAULTS_SETTINGS, FEDCLASSAVG_SETTINGS, ROOT,  # noqa: E402
+                    cell, mean_std, per_client_accuracies, run_experiment, training_caption,
+                    write_generated, seeds_option)
 
 SCRIPT = "reproduce/fedclassavg_defaults.py"
 OUT = ROOT / "results" / "fedclassavg-defaults"
@@ -86,8 +86,8 @@ def main() -> None:
             **{label: {"method": "fedclassavg", **v}
                for label, v in list(VARIANTS.items())[:args.variants]}}
     for label, overrides in runs.items():
-        for data_label, settings in DEFAULTS_SETTINGS.items():
-            base = {**settings(), **recipe}
+        for data_label in FEDCLASSAVG_SETTINGS:
+            base = {**DEFAULTS_SETTINGS[data_label](), **recipe}
             rows.setdefault(label, {})[data_label] = [
                 run_experiment(None, {**base, **overrides, "seed": seed},
                                f"{slug(data_label)}-{slug(label)}-s{seed}", out)
@@ -96,7 +96,7 @@ def main() -> None:
     def stats(label: str, data_label: str) -> tuple[float, float]:
         return mean_std(mean_accuracy(s) for s in rows[label][data_label])
 
-    data_labels = list(DEFAULTS_SETTINGS)
+    data_labels = list(FEDCLASSAVG_SETTINGS)
     baseline = {d: stats("Standalone (same recipe)", d) for d in data_labels}
     command = (f".venv/bin/python {SCRIPT}"
                + seeds_option(args.seeds)

@@ -38,7 +38,6 @@ read "not run".
 from __future__ import annotations
 
 import argparse
-import functools
 import re
 import sys
 from pathlib import Path
@@ -47,6 +46,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 from common import (ROOT, add_resource_options, finished, mean_std,  # noqa: E402
                     mean_client_accuracy, page_methods, paired, resource_overrides,
                     run_parallel, run_seeds, write_generated)
@@ -91,55 +91,34 @@ TRAINING = ("optimizer", "lr", "momentum", "adam-beta1", "adam-beta2", "weight-d
             "feature-dim")
 
 
-@functools.cache
+BASE = tuple(COMMON.items())
+
+
 def training(method: str) -> tuple[tuple[str, Any], ...]:
-    """How ``method``'s clients train in every row of the table (its recipe under COMMON, as
-    ``fedapp settings`` resolves it): the TRAINING values that act (momentum for SGD, betas
-    for Adam, the decay factor when the lr decays)."""
-    from fedapp.cli.run import resolve_settings
-    from fedapp.config import toml_value
-    from strategies import settings_report
-    texts = [f"{k}={toml_value(v)}" for k, v in {**COMMON, "method": method}.items()]
-    v = settings_report(resolve_settings(None, texts)[0])["settings"]
-    idle = {"sgd": {"adam-beta1", "adam-beta2"}, "adam": {"momentum"}}.get(v["optimizer"], set())
-    if not v["lr-decay-at"]:
-        idle |= {"lr-decay"}
-    return tuple((k, v[k]) for k in TRAINING if k not in idle)
+    """How ``method``'s clients train in every row of the table (its recipe under COMMON): the
+    TRAINING values that act (common.training)."""
+    return common.training(method, BASE, TRAINING)
 
 
-@functools.cache
 def recipes() -> dict[str, tuple[tuple[str, Any], ...]]:
-    """Each recipe of the table other than Standalone's own, by its variant name: that of its
-    first method in the registry (``fedper-recipe`` serves FedPer and FedRep); HtFLlib's (FD's,
-    plain SGD and a new optimizer every round, shared by most of its methods) is
-    ``htfllib-recipe``."""
-    METHODS = page_methods()
-    own, out = training("standalone"), {}
-    for name, method in METHODS.items():
-        values = training(name)
-        if method.homogeneous_only or values == own or values in out.values():
-            continue
-        out["htfllib-recipe" if values == training("fd") else f"{name}-recipe"] = values
-    return out
+    """Each recipe of the table other than Standalone's own, by its variant name
+    (common.recipes: ``fedper-recipe`` serves FedPer and FedRep, ``htfllib-recipe`` is FD's)."""
+    return common.recipes(BASE, TRAINING)
 
 
 def recipe_of(method: str) -> str | None:
     """The variant of the Standalone that trains as ``method`` does; None if Standalone's own
     recipe is ``method``'s."""
-    return next((name for name, values in recipes().items() if values == training(method)),
-                None)
+    return common.recipe_of(method, BASE, TRAINING)
 
 
 def variants() -> dict[str, tuple[dict[str, Any], str]]:
     """A row's variant -> (its overrides, its label). ``cnn5``: one architecture (FedAvg and its
     Standalone); ``<method>-recipe``: Standalone trained with that method's recipe (the rows it
     serves say which methods train so)."""
-    METHODS = page_methods()
     out = {"": ({}, ""), "cnn5": (ONE_ARCH, f"{ONE_ARCH['arch-mix']} only")}
     for name, values in recipes().items():
-        users = [m for m in METHODS if recipe_of(m) == name and not METHODS[m].homogeneous_only]
-        out[name] = (dict(values), ("HtFLlib's recipe: " if name == "htfllib-recipe" else
-                                    "the recipe of ") + ", ".join(users))
+        out[name] = (dict(values), common.recipe_label(name, BASE, TRAINING))
     for name, (text, _, _) in DIAGNOSTICS.items():  # their overrides depend on the method
         out[name] = ({}, text)
     return out

@@ -27,10 +27,10 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from fedapp.config import (METHOD_SETTINGS_KEY, PAYLOAD_KINDS, RECIPE_KEYS, SHARED_KEYS,
+from fedapp.config import (METHOD_SETTINGS_KEY, PAYLOAD_KINDS, SHARED_KEYS,
                            ConfigError, RunConfig, UploadLayout, explicit_layers,
                            parse_run_config, parse_settings, resolve_layers, settings_keys,
-                           toml_value)
+                           toml_value, training_settings)
 
 if TYPE_CHECKING:
     from fedapp.runtime.client_base import FedClient
@@ -229,9 +229,8 @@ def recipe_line(report: Mapping[str, Mapping[str, Any]]) -> str:
     values, layers = report["settings"], report["layers"]
     method = values["method"]
     used = "recipe" if values["recipe"] == "method" and get_method(method).recipe else "defaults"
-    # Only what the optimizer in force reads: no momentum for Adam, no betas for SGD.
-    unused = {"sgd": ("adam-beta1", "adam-beta2"), "adam": ("momentum",)}[values["optimizer"]]
-    keys = [k for k in RECIPE_KEYS if k not in unused]
+    # Only what acts: no momentum for Adam, no betas for SGD, no decay factor without decay.
+    keys = list(training_settings(values))
     own = [f"{k} ({layers[k]})" for k in keys if layers[k] not in ("default", f"recipe {method}")]
     return (f"training recipe: {method}'s {used} (docs/recipes.md): "
             + ", ".join(f"{k} = {toml_value(values[k])}" for k in keys)
@@ -251,7 +250,8 @@ def load_config(flat: Mapping[str, Any]) -> RunConfig:
                 for name, m in known.items() if m.settings is not None}
     method = known[cfg.method]
     cfg = dataclasses.replace(cfg, settings=sections.get(cfg.method),
-                              upload_layout=method.upload_layout)
+                              upload_layout=method.upload_layout,
+                              payload_kinds=tuple(method.payload_kinds))
     from fedapp.data.setup import architectures  # models import torch; keep this module light
     try:
         archs = architectures(cfg)
@@ -291,6 +291,9 @@ def load_config(flat: Mapping[str, Any]) -> RunConfig:
             "training split, cut before partitioning), 'digits' or 'npz' (docs/data.md, "
             "\"A public set\").")
     check_attack_and_rule(cfg, method, archs)
+    if cfg.differential_privacy:  # the accountant's import is kept off the common path
+        from fedapp.runtime.privacy import check_settings
+        check_settings(cfg, cfg.method, method.payload_kinds)
     check = getattr(cfg.settings, "check", None)
     if check is not None:
         check(cfg)  # the method's cross-setting rules; raises ConfigError

@@ -193,3 +193,29 @@ def recorded_federation(tmp_path, method, rounds=2, **overrides):
                         num_clients=overrides.get("num_clients", 3), num_rounds=rounds,
                         config={}, partition={})
     return InProcessFederation(method, recorder=recorder, **overrides), recorder
+
+
+def recorded_rounds(tmp_path, method, rounds=2, **overrides):
+    """(federation, recorder, [{pid: (payload sent, reply)} of each round]) after ``rounds``
+    rounds of training and evaluation of :func:`recorded_federation`."""
+    fed, recorder = recorded_federation(tmp_path, method, rounds=rounds,
+                                        **{**overrides, "num_server_rounds": rounds})
+    seen = []
+    for rnd in range(1, rounds + 1):
+        seen.append(fed.fit_round(rnd))
+        fed.evaluate_round(rnd)
+    return fed, recorder, seen
+
+
+def assert_public_subset_traffic(recorder, m, c):
+    """The exact traffic of a method that exchanges one table over m public samples (DS-FL,
+    KT-pFL), as recorded in two rounds: up m*C float32 in each; down nothing in round 1 (no
+    table yet), then m int32 indices + the m*C float32 table per client."""
+    first, second = recorder.history
+    clients = first["clients_sampled"]
+    assert first["bytes_up"] == second["bytes_up"] == clients * m * c * 4
+    assert first["bytes_down"] == 0
+    assert second["bytes_down"] == clients * (m * 4 + m * c * 4)
+    summary = recorder.summary()["communication"]
+    assert summary["last_round_floats_per_client_up"] == m * c
+    assert summary["last_round_floats_per_client_down"] == m + m * c

@@ -14,7 +14,8 @@ import torch
 from fedapp.data import setup
 from strategies.dsfl.maths import (distillation_loss, entropy_reduction, largest_architecture,
                                    open_set)
-from tests.conftest import client_manager, fit_res, make_strategy, recorded_federation
+from tests.conftest import (assert_public_subset_traffic, client_manager, fit_res, make_strategy,
+                            recorded_rounds)
 from tests.test_hostile_uploads import small_smoke_overrides
 
 M = 16  # dsfl.open-size of the smoke preset
@@ -143,26 +144,13 @@ def test_the_server_model_is_the_largest_architecture_unless_named():
 # -- a federation: traffic, order, server accuracy -----------------------------------------------
 @pytest.fixture(scope="module")
 def two_rounds(tmp_path_factory):
-    fed, recorder = recorded_federation(tmp_path_factory.mktemp("dsfl"), "dsfl", rounds=2,
-                                        **{**small_smoke_overrides("dsfl"),
-                                           "num_server_rounds": 2})
-    seen = []
-    for rnd in (1, 2):
-        seen.append(fed.fit_round(rnd))
-        fed.evaluate_round(rnd)
-    return fed, recorder, seen
+    return recorded_rounds(tmp_path_factory.mktemp("dsfl"), "dsfl", rounds=2,
+                           **small_smoke_overrides("dsfl"))
 
 
 def test_exact_traffic_per_client_per_round(two_rounds):
-    fed, recorder, _ = two_rounds
-    first, second = recorder.history
-    clients = first["clients_sampled"]
-    assert first["bytes_up"] == second["bytes_up"] == clients * M * C * 4  # probabilities only
-    assert first["bytes_down"] == 0  # round 1: nothing to distil yet
-    assert second["bytes_down"] == clients * (M * 4 + M * C * 4)  # int32 indices + q
-    summary = recorder.summary()["communication"]
-    assert summary["last_round_floats_per_client_up"] == M * C
-    assert summary["last_round_floats_per_client_down"] == M + M * C
+    # up: the probabilities; down from round 2: the indices of the open subset + q
+    assert_public_subset_traffic(two_rounds[1], M, C)
 
 
 def test_clients_distil_from_round_2_and_upload_probabilities_on_the_open_subset(two_rounds):

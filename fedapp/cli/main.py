@@ -1,6 +1,7 @@
-"""The ``fedapp`` command line: one parser over the run and compare commands
-(``fedapp.cli.run``) and the deployment steps (``fedapp.cli.deploy``), which both build on the
-Flower process control in ``fedapp.cli.flower``."""
+"""The ``fedapp`` command line: one parser over the run commands (``fedapp.cli.run``), the
+comparison of finished runs (``fedapp.cli.compare``) and the deployment steps
+(``fedapp.cli.deploy``); running and deploying both build on the Flower process control in
+``fedapp.cli.flower``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from fedapp.cli import compare as compare_command
 from fedapp.cli import deploy, run
 
 
@@ -34,11 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  "start --head` printed it; default: $RAY_ADDRESS if set, else "
                                  "a private Ray instance on this machine; docs/usage.md)")
     run_parser.set_defaults(func=run.cmd_run)
-    compare = sub.add_parser("compare", help="plot and tabulate several finished runs (and "
-                             "the command that opens their TensorBoard event files)")
+    compare = sub.add_parser("compare", help="plot and tabulate several finished runs, name "
+                             "the training settings that differ between them (and the command "
+                             "that opens their TensorBoard event files)")
     compare.add_argument("runs", nargs="+", help="run folders (each with a summary.json)")
     compare.add_argument("--output", default="compare.png", help="plot path")
-    compare.set_defaults(func=run.cmd_compare)
+    compare.set_defaults(func=compare_command.cmd_compare)
     for name, func, what, example in [
             ("settings", run.cmd_settings, "every setting's effective value and where it comes "
              "from (default, the method's recipe, a preset, --set)", 'method="fedhe"'),

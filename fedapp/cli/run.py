@@ -1,7 +1,8 @@
 """``fedapp``: run experiments through Flower and compare their results.
 
-The ``run``, ``compare``, ``settings``, ``methods`` and ``models`` commands and their helpers
-(the Flower processes themselves are started and stopped by ``fedapp.cli.flower``).
+The ``run``, ``settings``, ``methods`` and ``models`` commands and their helpers (``compare`` is
+``fedapp.cli.compare``; the Flower processes themselves are started and stopped by
+``fedapp.cli.flower``).
 
 ``fedapp run <preset> [--set key=value ...]`` validates the settings before anything starts,
 runs the app with ``flwr run --stream`` against a SuperLink it starts on free loopback ports with
@@ -130,6 +131,12 @@ def report_run(status: str, run_dir: Path, *, results_elsewhere: bool = False) -
               f"{human_bytes(com['per_client_per_round_up'])}, down "
               f"{human_bytes(com['per_client_per_round_down'])}; "
               f"{summary['wall_seconds']:.0f} s")
+        if "stopped" in summary:  # e.g. at its privacy budget (dp-target-epsilon)
+            print(f"fedapp: stopped early: {summary['stopped']['reason']}")
+        if "privacy" in summary:
+            p = summary["privacy"]
+            print(f"fedapp: privacy spent: epsilon {p['epsilon']:.4g} at delta {p['delta']:g} "
+                  f"({p['releases']} rounds, noise on the {p['mode']})")
         print(f"fedapp: results in {run_dir} (summary.json, rounds.jsonl, accuracy.png)")
         return 0
     if status == "finished:completed" and results_elsewhere:
@@ -300,48 +307,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return max(codes)
 
 
-def compare_table(summaries: Sequence[dict], labels: Sequence[str]) -> str:
-    """One markdown table row per run."""
-    from fedapp.runtime.results import format_accuracy, human_bytes
-    rows = ["| run | method | dataset | clients | rounds | accuracy (mean ± std) | "
-            "global accuracy | up / client / round | down / client / round | wall s |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
-    for s, label in zip(summaries, labels):
-        acc, com = s["accuracy"], s["communication"]
-        glob = f"{acc['global_mean']:.4f}" if acc.get("global_mean") is not None else "-"
-        rows.append(f"| {label} | {s['method']} | {s['dataset']} | {s['num_clients']} | "
-                    f"{s['rounds']} | {format_accuracy(acc['mean'], acc['std'])} | {glob} | "
-                    f"{human_bytes(com['per_client_per_round_up'])} | "
-                    f"{human_bytes(com['per_client_per_round_down'])} | "
-                    f"{s['wall_seconds']:.0f} |")
-    return "\n".join(rows)
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    from fedapp.runtime.results import plot_runs
-    summaries, labels = [], []
-    for run_dir in args.runs:
-        path = Path(run_dir) / "summary.json"
-        if not path.is_file():
-            print(f"fedapp: {path} not found (did that run complete?)", file=sys.stderr)
-            return 2
-        summaries.append(json.loads(path.read_text()))
-        labels.append(Path(run_dir).resolve().name)
-    out = Path(args.output)
-    plot_runs(summaries, out, labels)
-    print(compare_table(summaries, labels))
-    print(f"\nplot: {out.resolve()}")
-    # The other way to look at runs: every per-round number, interactively.
-    from fedapp.runtime.tensorboard import open_command
-    command = open_command(args.runs, labels, program=str(BIN / "tensorboard"))
-    if command:
-        print(f"TensorBoard (every per-round number): {command}")
-    else:
-        print("TensorBoard: none of these runs wrote event files; run with --set "
-              "tensorboard=true to have them (docs/usage.md, 'Looking at runs')")
-    return 0
-
-
 LAYER_NAMES = {"set": "--set", "preset": "preset", "config": "run config"}
 
 
@@ -352,6 +317,11 @@ def cmd_settings(args: argparse.Namespace) -> int:
         flat = resolve_settings(args.preset, args.set)[0]
         report = settings_report(flat)
         known, fields = known_methods(flat), {**SHARED_KEYS, **method_keys(flat)}
+        if report["settings"].get("differential-privacy"):
+            # Whether the method can have it is a rule across settings (its card, the loop),
+            # which only the run's whole check applies: refused here as `fedapp run` refuses.
+            from strategies import load_config
+            load_config(flat)
     except (ConfigError, OSError) as exc:
         print(f"fedapp: {exc}", file=sys.stderr)
         return 2

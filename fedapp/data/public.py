@@ -76,12 +76,13 @@ class PublicSet:
 # -- train-holdout ------------------------------------------------------------------------------
 
 def round_subset(seed: int, purpose: str, server_round: int, public_size: int,
-                 size: int) -> np.ndarray:
+                 size: int, replace: bool = False) -> np.ndarray:
     """A round's subset of the public set (FedMD's alignment set A_t, DS-FL's open subset):
-    ``size`` distinct indices, sorted, int32, drawn from ``(seed, purpose, round)``. The server
-    and every client compute it alike, so it need not travel."""
+    ``size`` distinct indices (``replace``: ``size`` draws that may repeat, as KT-pFL's code
+    draws), sorted, int32, drawn from ``(seed, purpose, round)``. The server and every client
+    compute it alike, so it need not travel."""
     rng = np.random.default_rng(derive_seed(seed, purpose, server_round))
-    return np.sort(rng.choice(public_size, size, replace=False)).astype(np.int32)
+    return np.sort(rng.choice(public_size, size, replace=replace)).astype(np.int32)
 
 
 def holdout_rows(train_y: np.ndarray, fraction: float, seed: int

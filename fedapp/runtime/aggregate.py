@@ -315,3 +315,21 @@ def filter_pairs(rows: np.ndarray, labels: np.ndarray, robust: Robust,
     moved = out.reshape(np.shape(rows)).astype(np.asarray(rows).dtype) \
         if robust.rule == "norm-bound" else rows
     return moved, keep
+
+
+def average_where_held(payloads: Sequence[Mapping[str, np.ndarray]]
+                       ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """({name: the unweighted mean over the payloads that hold it}, {name: how many hold it})
+    for every name any payload holds: the sub-model methods' server step (DepthFL's prefixes),
+    Σ values and Σ counts per entry. Sums run in float64; means stay float64 (the caller
+    decides the stored dtype)."""
+    sums: dict[str, np.ndarray] = {}
+    counts: dict[str, int] = {}
+    for payload in payloads:
+        for name, value in payload.items():
+            if name in sums:
+                sums[name] += value.astype(np.float64)
+            else:
+                sums[name] = value.astype(np.float64)  # a copy: the uploads stay as sent
+            counts[name] = counts.get(name, 0) + 1
+    return {name: total / counts[name] for name, total in sums.items()}, counts

@@ -31,7 +31,7 @@ from fedapp.config import ConfigError, RunConfig, client_cache_budget
 from fedapp.data import setup
 from fedapp.data.local_data import expected_input, load_local_data
 from fedapp.data.partitions import ClientData, load_client_data
-from fedapp.runtime import attacks, checkpoint
+from fedapp.runtime import attacks, checkpoint, privacy
 from fedapp.runtime.class_stats import ClassMeans, class_means
 from fedapp.runtime.payload import Payload, from_ndarrays, to_ndarrays
 from fedapp.runtime.speeds import has_stragglers, update_duration
@@ -307,8 +307,7 @@ class FedClient(NumPyClient):
         if model is None or (cached_version != version and MODEL_STATE_KEY not in state):
             # From the run config alone: a node with its own data-dir need not hold the
             # shared dataset to build its model.
-            model = setup.new_model(self.cfg, self.arch, *expected_input(self.cfg),
-                                    *setup.own_key(self.cfg, self.partition_id)).to(self.device)
+            model = self.new_private_model().to(self.device)
             cached_version = 0
         if cached_version != version:
             model.load_state_dict(state[MODEL_STATE_KEY].to_torch_state_dict())
@@ -327,6 +326,14 @@ class FedClient(NumPyClient):
                          (version, self.model))
 
     # -- what a method changes ---------------------------------------------------------------
+    def new_private_model(self) -> torch.nn.Module:
+        """A freshly initialised private model (default: this client's architecture, from its
+        own seed); a method whose clients hold another model (DepthFL's depth prefix of one
+        global network) builds it here. Built from the run config alone: a node with its own
+        data-dir need not hold the shared dataset to build its model."""
+        return setup.new_model(self.cfg, self.arch, *expected_input(self.cfg),
+                               *setup.own_key(self.cfg, self.partition_id))
+
     def read_payload(self, parameters: list[np.ndarray], config: Mapping[str, Any]) -> Payload:
         """The payload of a training message (default: one named-array payload; a message of
         a device-to-device loop may carry several)."""
@@ -537,6 +544,11 @@ class FedClient(NumPyClient):
             # measured from.
             upload = attacks.attack_upload(upload, received, self.cfg, self.partition_id,
                                            server_round, self.num_classes)
+        if self.cfg.differential_privacy and privacy.mode_of(self.cfg.payload_kinds) == "client":
+            # Local differential privacy: the whole upload clipped and noised before it
+            # leaves (fedapp.runtime.privacy; in server mode the server adds the noise).
+            upload = privacy.private_upload(upload, received, self.cfg, self.partition_id,
+                                            server_round)
         if self.cfg.clock == "arrival" and has_stragglers(self.cfg):
             # A slower device: the same work, taking (duration - 1) x longer
             # (fedapp.runtime.speeds).

@@ -169,6 +169,8 @@ class Recorder:
             honest = [v for k, v in per_client.items() if int(k) not in malicious]
             accuracy["honest_mean"], accuracy["honest_std"] = (
                 _mean_std(honest) if honest else (None, None))
+        # Client-level differential privacy: what the run spent, as of its last round.
+        privacy = next((h["privacy"] for h in reversed(self.history) if "privacy" in h), None)
         communication = {
             "bytes_up": int(sum(h["bytes_up"] for h in self.history)),
             "bytes_down": int(sum(h["bytes_down"] for h in self.history)),
@@ -197,6 +199,7 @@ class Recorder:
                 # Rounds without a usable update (the method's state stayed as it was).
                 "empty_rounds": [h["round"] for h in self.history if h.get("empty_round")],
                 **({"malicious_clients": malicious} if malicious is not None else {}),
+                **({"privacy": privacy} if privacy is not None else {}),
                 # What the run takes if clients are as fast as fedapp.runtime.speeds says.
                 "virtual_seconds": float(sum(h.get("virtual_seconds", 0.0)
                                              for h in self.history)),

@@ -52,6 +52,7 @@ from fedapp.runtime.class_stats import robust_class_means
 from fedapp.runtime.payload import (ArraySpec, Payload, PayloadError, WireSize, check_layout,
                                     check_values, encode, float32, load, read_headers, to_wire,
                                     validate, wire_size)
+from fedapp.runtime.privacy import STATE_KEY, ServerPrivacy, sampled_per_round
 from fedapp.runtime.results import (Recorder, format_accuracy, format_server_accuracy,
                                     round_record)
 from fedapp.runtime.speeds import update_duration
@@ -237,6 +238,9 @@ class FedStrategy(Strategy):
         # run with attacks on purpose, who attacks: recorded beside the accuracies.
         self.robust = Robust.of(cfg)
         self.malicious = attacks.malicious_partitions(cfg)
+        # Client-level differential privacy (differential-privacy): its accountant and, for a
+        # method whose server only averages models, the noisy averages (fedapp.runtime.privacy).
+        self.privacy = ServerPrivacy(cfg) if cfg.differential_privacy else None
         # Flower counts rounds from 1 in every run; a resumed run continues after its last
         # checkpoint, so the rounds every method sees are Flower's plus this offset.
         self.round_offset = 0
@@ -301,12 +305,20 @@ class FedStrategy(Strategy):
         """The n_k-weighted average of same-layout payloads (a model, a head), or with
         ``robust-aggregation`` set the robust rule's combination of them (``reference``: the
         state they started from, which norm bounding measures them against). Every method
-        that averages whole models or heads goes through here."""
+        that averages whole models or heads goes through here. Under differential privacy
+        (server mode) it is instead the clipped uploads' noisy unweighted mean."""
+        if self.privacy is not None and self.privacy.mode == "server":
+            return self.privacy.mean(payloads, reference)
         return robust_average(payloads, weights, self.robust, reference, what)
 
     def average_per_group(self, groups: list, payloads: list[Payload], weights: list[float],
                           references: Mapping[Any, Payload] | None = None) -> dict[Any, Payload]:
         """:meth:`average` within each group (architecture, expert)."""
+        if self.privacy is not None and self.privacy.mode == "server":
+            references = references or {}
+            return {g: self.privacy.mean([p for h, p in zip(groups, payloads, strict=True)
+                                          if h == g], references.get(g), group=g)
+                    for g in dict.fromkeys(groups)}
         return robust_average_per_group(groups, payloads, weights, self.robust, references)
 
     def robust_class_means(self, rows: Mapping[int, list[np.ndarray]]) -> dict[int, np.ndarray]:
@@ -376,11 +388,22 @@ class FedStrategy(Strategy):
 
     # -- checkpoints -------------------------------------------------------------------------------
     def method_state(self) -> dict[str, Any]:
-        """What the method keeps across rounds: every attribute it added to the base's."""
-        return {k: v for k, v in vars(self).items() if k not in self._base_attributes}
+        """What the method keeps across rounds: every attribute it added to the base's (and,
+        under differential privacy, the accountant's ledger)."""
+        state = {k: v for k, v in vars(self).items() if k not in self._base_attributes}
+        if self.privacy is not None:
+            state[STATE_KEY] = self.privacy.state()
+        return state
 
     def restore(self, server_round: int, method_state: dict[str, Any]) -> None:
         """Continue after ``server_round`` from a checkpoint's method state."""
+        method_state = dict(method_state)
+        ledger = method_state.pop(STATE_KEY, None)
+        if self.privacy is not None:
+            if ledger is None:
+                raise ValueError("differential-privacy = true, but the checkpoint holds no "
+                                 "privacy ledger: it was taken by a run without it")
+            self.privacy.load(ledger)
         vars(self).update(method_state)
         self.round_offset = server_round
 
@@ -475,8 +498,9 @@ class FedStrategy(Strategy):
         self._empty = False
         self._filtered_pairs = {}
         available = self.list_clients(client_manager)
-        n = max(self.cfg.min_fit_clients, math.ceil(self.cfg.fraction_fit * len(available)))
-        n = min(n, len(available))
+        n = sampled_per_round(self.cfg, len(available))
+        if self.privacy is not None:
+            self.privacy.start_round(server_round, n)  # stops the run at dp-target-epsilon
         # Sampling from (seed, round), not Flower's global RNG, so a seed fixes the schedule.
         rng = np.random.default_rng(derive_seed(self.cfg.seed, "sample", server_round))
         chosen = [available[i] for i in sorted(rng.choice(len(available), n, replace=False))]
@@ -495,6 +519,8 @@ class FedStrategy(Strategy):
                       failures: list[tuple[ClientProxy, FitRes] | BaseException]
                       ) -> tuple[Parameters | None, dict[str, Scalar]]:
         server_round += self.round_offset
+        if self.privacy is not None:
+            self.privacy.released(server_round, len(self._sampled))
         uploads: list[Upload] = []
         seen: set[int] = set()
         for proxy, res in results:
@@ -703,6 +729,7 @@ class FedStrategy(Strategy):
         who = {"clients_sampled": len(self._sampled), "failed_clients": self._failed,
                "rejected_clients": sorted(self._rejected), "evaluated": self._evaluated,
                "empty_round": self._empty,
+               **({"privacy": self.privacy.record()} if self.privacy is not None else {}),
                **self.attack_record(evals),
                **({"filtered_pairs": self._filtered_pairs} if self._filtered_pairs else {}),
                "train_loss": self._train_loss,

@@ -79,11 +79,27 @@ def distil(model: torch.nn.Module, x: torch.Tensor, soft_labels: torch.Tensor,
 
 
 @torch.no_grad()
-def probabilities(model: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
-    """softmax(o) of ``model`` in eval mode, float32 [N, C]: what a client uploads."""
+def probabilities(model: torch.nn.Module, x: torch.Tensor,
+                  temperature: float = 1.0) -> np.ndarray:
+    """softmax(o / T) of ``model`` in eval mode, float32 [N, C]: what a client uploads
+    (DS-FL: T = 1; KT-pFL's soft predictions: its temperature)."""
     model.eval()
-    return torch.cat([torch.softmax(model(x[i:i + EVAL_BATCH]).float(), 1)
+    return torch.cat([torch.softmax(model(x[i:i + EVAL_BATCH]).float() / temperature, 1)
                       for i in range(0, len(x), EVAL_BATCH)]).cpu().numpy()
+
+
+def check_probabilities(p: np.ndarray) -> None:
+    """Refuse (PayloadError) rows that are not probability vectors: every value in [0, 1],
+    each row summing to 1 within SUM_TOLERANCE. A sender then moves each entry of a convex
+    combination of the uploads by at most its own weight."""
+    p = np.asarray(p, np.float64)
+    if p.size and (p.min() < 0.0 or p.max() > 1.0 + SUM_TOLERANCE):
+        raise PayloadError("probabilities outside [0, 1]")
+    sums = p.sum(axis=-1)
+    if p.size and np.abs(sums - 1.0).max() > SUM_TOLERANCE:
+        row = int(np.argmax(np.abs(sums - 1.0)))
+        raise PayloadError(f"row {row} of the probabilities sums to {sums.flat[row]:.6g}, "
+                           "not 1")
 
 
 @functools.lru_cache(maxsize=4)
@@ -163,13 +179,7 @@ class DSFL(FedStrategy):
 
     def check_upload(self, payload: Payload, client: ClientInfo) -> None:
         # Probability vectors only: a client then moves each p̄ entry by at most 1/K.
-        p = np.asarray(payload["probabilities"], np.float64)
-        if p.size and (p.min() < 0.0 or p.max() > 1.0 + SUM_TOLERANCE):
-            raise PayloadError("probabilities outside [0, 1]")
-        sums = p.sum(axis=1)
-        if p.size and np.abs(sums - 1.0).max() > SUM_TOLERANCE:
-            row = int(np.argmax(np.abs(sums - 1.0)))
-            raise PayloadError(f"row {row} of the probabilities sums to {sums[row]:.6g}, not 1")
+        check_probabilities(payload["probabilities"])
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
         # p̄: each sender counts once (SCARLET's mean over the senders of each index; every
