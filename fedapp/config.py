@@ -79,9 +79,12 @@ PAYLOAD_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
                    "clients that hold the class, a handful under label skew, so only "
                    "coordinate-wise and geometric medians apply; Krum and norm bounding need "
                    "whole uploads of one shape and a current state to measure them against"),
-    "server-training": ((), "the server trains a model of its own on the individual uploaded "
-                        "pairs or heads (no average to make robust); filtering outlying "
-                        "pairs is not implemented"),
+    # The server trains a model of its own on the individual (row, label) pairs: each rule
+    # decides, per label, which rows it trains on (fedapp.runtime.aggregate.filter_pairs).
+    "server-training": (MODEL_RULES, ""),
+    "server-distillation": ((), "the server distils from each individual upload (heads, whole "
+                            "models, per-sample maps with their logits as teachers): there is "
+                            "no average to make robust and no (row, label) pair to filter"),
     "sub-model": ((), "each entry of the global model is averaged over the clients whose "
                   "sub-model (a width slice or a depth prefix) holds it, a different set of "
                   "clients per entry, and the robust rules need whole uploads of one shape; a "
@@ -323,7 +326,9 @@ class RunConfig:
         "'median' / 'trimmed-mean' coordinate-wise (Yin et al. 2018), per class for per-class "
         "rows; 'krum' / 'multi-krum' (Blanchard et al. 2017); 'geomed' = geometric median "
         "(Pillutla et al. 2022); 'norm-bound' = each upload's distance to the current state "
-        "clipped to robust-norm-bound before the average", choices=ROBUST_RULES)
+        "clipped to robust-norm-bound before the average. Servers that train on (row, label) "
+        "pairs (FedGH, FedRE, FedTGP, Velo) use the rule to filter each label's rows instead",
+        choices=ROBUST_RULES)
     robust_trim_fraction: float = _opt(
         0.1, "trimmed-mean: share of the values cut at each end of every coordinate (< 0.5)",
         low=0.0, high=0.5)
@@ -333,6 +338,11 @@ class RunConfig:
     robust_norm_bound: float = _opt(
         0.0, "norm-bound: the largest L2 distance of an upload to the current state (> 0 "
         "with norm-bound)", low=0.0)
+    robust_filter_mads: float = _opt(
+        3.0, "median / geomed filtering of the pairs a server trains on (FedGH, FedRE, FedTGP, "
+        "Velo): a (row, label) pair is dropped when its distance to its label's median exceeds "
+        "the median distance by more than this many scaled MADs (Hampel's identifier)",
+        low=0.0)
     # -- client-level differential privacy (fedapp.runtime.privacy; what each method protects
     #    and leaks: docs/privacy.md)
     differential_privacy: bool = _opt(

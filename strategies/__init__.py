@@ -72,7 +72,8 @@ class Method:
     needs_public: bool = False
     public_labels: bool = False
     # What its server combines across clients, by kind (fedapp.config.PAYLOAD_KINDS: "model",
-    # "group-model", "class-rows", "server-training"): which robust-aggregation rules apply.
+    # "group-model", "class-rows", "server-training", "server-distillation"): which
+    # robust-aggregation rules apply.
     payload_kinds: tuple[str, ...] = ()
     # Where its upload holds per-class rows (and which arrays a constraint ties): what the
     # attacks, the same for every method, need to know of its upload.
@@ -393,6 +394,12 @@ def check_attack_and_rule(cfg: RunConfig, method: Method, archs: list[str]) -> N
                 f"setting robust-aggregation = {rule!r} is invalid for method {cfg.method!r}: "
                 f"its server combines {kind} payloads, and {why or 'the rule does not apply'}"
                 + (f" (rules that do: {', '.join(rules)})." if rules else "."))
+    if "server-training" in method.payload_kinds and cfg.server_loop == "async":
+        raise ConfigError(
+            f"setting robust-aggregation = {rule!r} is invalid for method {cfg.method!r} with "
+            "server-loop = 'async': the rule filters, per label, the pairs of a round's "
+            "uploads before the server trains on them, and the asynchronous loop trains on "
+            "one upload at a time (no rows to compare it with); use server-loop = 'rounds'.")
     if rule in ("krum", "multi-krum"):
         # Blanchard et al.'s condition n > 2f + 2, on the clients that can meet in one average:
         # all of them, or those of one architecture where each has its own model.

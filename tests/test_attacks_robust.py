@@ -9,11 +9,13 @@ import logging
 
 import numpy as np
 import pytest
+import torch
 
 from fedapp.config import ConfigError, UploadLayout
 from fedapp.runtime import attacks
-from fedapp.runtime.aggregate import (Robust, geometric_median, robust_average,
-                                      robust_average_per_group, weighted_average)
+from fedapp.runtime.aggregate import (Robust, filter_pairs, geometric_median, krum_scores,
+                                      robust_average, robust_average_per_group,
+                                      weighted_average)
 from fedapp.runtime.class_stats import robust_class_means
 from fedapp.runtime.payload import from_ndarrays
 from fedapp.runtime.results import Recorder
@@ -149,8 +151,17 @@ def test_bad_attack_and_rule_settings_are_refused(overrides, reason):
 
 # -- refused combinations, one rule for every method ------------------------------------------
 @pytest.mark.parametrize("method, overrides, reason", [
-    ("fedgh", {"robust_aggregation": "median"},
-     "invalid for method 'fedgh': its server combines server-training payloads"),
+    ("fedgen", {"robust_aggregation": "median"},
+     "invalid for method 'fedgen': its server combines server-distillation payloads"),
+    ("fedgkt", {"robust_aggregation": "geomed"}, "and no .row, label. pair to filter"),
+    ("fedtgp", {"robust_aggregation": "multi-krum", "num_clients": 10},
+     "invalid for method 'fedtgp': its server combines class-rows"),
+    ("velo", {"robust_aggregation": "norm-bound", "robust_norm_bound": 1.0},
+     "invalid for method 'velo': its server combines class-rows"),
+    ("fedre", {"robust_aggregation": "median", "server_loop": "async"},
+     "the asynchronous loop trains on one upload at a time"),
+    ("fedgh", {"robust_aggregation": "krum", "num_clients": 4},
+     "Krum needs more than 4 uploads in each average, and all has 4 clients"),
     ("fedproto", {"robust_aggregation": "krum"},
      "invalid for method 'fedproto': its server combines class-rows payloads"),
     ("felo", {"robust_aggregation": "norm-bound", "robust_norm_bound": 1.0},
@@ -175,6 +186,14 @@ def test_rules_that_apply_are_accepted():
     cfg_of(method="fedhe", robust_aggregation="geomed", **{"fedhe.history": "latest-per-client"})
     cfg_of(method="fedper", robust_aggregation="trimmed-mean")
     cfg_of(method="fedavg", arch_mix="cnn5", num_clients=5, robust_aggregation="krum")
+    # The servers that train on (row, label) pairs filter them: every rule for FedGH and
+    # FedRE, the median-type ones where the method's class means are rows too.
+    for rule in ("median", "trimmed-mean", "krum", "multi-krum", "geomed", "norm-bound"):
+        for method in ("fedgh", "fedre"):
+            cfg_of(method=method, num_clients=5, robust_aggregation=rule, robust_norm_bound=1.0)
+    for rule in ("median", "trimmed-mean", "geomed"):
+        cfg_of(method="fedtgp", robust_aggregation=rule)
+        cfg_of(method="velo", robust_aggregation=rule)
 
 
 # -- the robust rules against hand-computed values --------------------------------------------
@@ -255,6 +274,157 @@ def test_per_class_rules_over_the_holders_of_each_class(caplog):
     np.testing.assert_array_equal(out[0], [2.0, 0.0])
     np.testing.assert_array_equal(out[3], [5.0, 5.0])
     assert "too few holders to protect 3 (1)" in caplog.text
+
+
+# -- filtering the pairs a server trains on, by hand --------------------------------------------
+# Label 0: the corners of the unit square and one far row; label 1: two rows.
+SQUARE = np.array([[0, 0], [1, 0], [0, 1], [1, 1], [10, 10], [5, 5], [7, 7]], np.float32)
+SQUARE_LABELS = np.array([0, 0, 0, 0, 0, 1, 1])
+
+
+def _kept(rule, rows=SQUARE, labels=SQUARE_LABELS, **params):
+    out, keep = filter_pairs(rows, labels, Robust(rule, **params))
+    return out, np.flatnonzero(keep).tolist()
+
+
+def test_the_median_filter_drops_rows_far_from_their_labels_median(caplog):
+    # Label 0's coordinate-wise median is (1, 1); distances 1.414, 1, 1, 0, 12.73: their
+    # median is 1, their MAD 0.414 (|d - 1| = 0.414, 0, 0, 1, 11.73), so a row is kept up to
+    # 1 + 3 * 1.4826 * 0.414 = 2.84. Label 1's two rows are both 2.83 from their median.
+    with caplog.at_level(logging.WARNING):
+        out, kept = _kept("median")
+    assert kept == [0, 1, 2, 3, 5, 6]
+    assert out is SQUARE  # rows are not moved, only dropped
+    assert "label 1: 2 uploads: their median is their mean" in caplog.text
+    assert "label 0" not in caplog.text
+    # With k = 0 only rows at most the median distance (1) stay: (0, 0) at 1.414 goes too.
+    assert _kept("median", filter_mads=0.0)[1] == [1, 2, 3, 5, 6]
+
+
+def test_the_trimmed_filter_cuts_the_farthest_int_beta_n_rows_of_each_label():
+    assert _kept("trimmed-mean", trim_fraction=0.2)[1] == [0, 1, 2, 3, 5, 6]  # cuts 1 of 5
+    assert _kept("trimmed-mean", trim_fraction=0.4)[1] == [1, 2, 3, 5, 6]     # cuts 2: +(0, 0)
+
+
+def test_krum_scores_and_the_krum_filters():
+    # Squared distances within label 0: each corner has two neighbours at 1, so with
+    # n - f - 2 = 2 nearest every corner scores 2; the far row 162 + 181.
+    np.testing.assert_allclose(krum_scores(SQUARE[:5], 1), [2, 2, 2, 2, 343])
+    rows, labels = SQUARE[:5], SQUARE_LABELS[:5]
+    assert _kept("multi-krum", rows, labels, krum_f=1)[1] == [0, 1, 2, 3]  # the n - f best
+    assert _kept("krum", rows, labels, krum_f=1)[1] == [0]  # the best (a tie: the first)
+
+
+def test_krum_on_a_label_with_too_few_rows_filters_as_the_median(caplog):
+    rows = np.array([[0.0], [1.0], [2.0], [50.0]])
+    with caplog.at_level(logging.WARNING):
+        _, kept = _kept("krum", rows, np.zeros(4, int), krum_f=1)
+    assert "needs more than 4: the coordinate-wise median is used instead" in caplog.text
+    assert kept == _kept("median", rows, np.zeros(4, int))[1] == [0, 1, 2]
+
+
+def test_the_geomed_filter_measures_from_the_geometric_median():
+    # Symmetric about the origin, which is one of the rows: the geometric median is (0, 0).
+    # Distances 0, 1, 1, 1, 1, 20, 20: median 1, MAD 0, so rows up to distance 1 stay.
+    rows = np.array([[0, 0], [1, 0], [-1, 0], [0, 1], [0, -1], [20, 0], [-20, 0]], np.float64)
+    assert _kept("geomed", rows, np.zeros(7, int))[1] == [0, 1, 2, 3, 4]
+
+
+def test_the_norm_bound_keeps_every_row_moved_towards_its_labels_median():
+    rows = np.array([[0, 0], [2, 0], [4, 0], [9, 9]], np.float32)
+    out, kept = _kept("norm-bound", rows, np.array([0, 0, 0, 1]), norm_bound=1.0)
+    assert kept == [0, 1, 2, 3]
+    # Label 0's median (2, 0): the rows 2 away move to 1 away; label 1's one row stays.
+    np.testing.assert_array_equal(out, [[1, 0], [2, 0], [3, 0], [9, 9]])
+    assert out.dtype == np.float32
+
+
+def test_rule_none_keeps_every_pair_as_it_came():
+    out, keep = filter_pairs(SQUARE, SQUARE_LABELS, Robust())
+    assert out is SQUARE and keep.all()
+
+
+# -- every method whose server trains on pairs: one poisoned client's rows are dropped ----------
+PAIR_METHODS = ("fedgh", "fedre", "fedtgp", "velo")
+
+
+def _pair_uploads(strategy, method, poisoned):
+    """Five hand-built uploads, in partition order: client k's row of class c is
+    ``e_(c+5) + 0.1 e_k`` (every honest row 0.1 from its class's median, e_(c+5)), and
+    partition 4, if ``poisoned``, sends 100 e_(c+5) (a scaling attack). FedRE's one mix is
+    client k's row of class 0 (one label: every mix is filtered together)."""
+    from fedapp.runtime.strategy_base import ClientInfo, Upload
+    d = strategy.feature_dim
+    classes = np.array([0, 1, 2]) if method != "fedre" else np.array([0])
+    uploads = []
+    for pid in range(5 if poisoned else 4):
+        rows = np.zeros((len(classes), d), np.float32)
+        rows[np.arange(len(classes)), classes + 5] = 100.0 if pid == 4 else 1.0
+        if pid < 4:
+            rows[:, pid] += 0.1
+        info = ClientInfo(pid, strategy.architectures[pid])
+        payload = {
+            "fedgh": lambda: {"representations": rows, "labels": classes},
+            "fedtgp": lambda: {"prototypes": rows, "labels": classes},
+            "fedre": lambda: {"representation": rows[0], "labels": classes,
+                              "weights": np.ones(1, np.float32)},
+            "velo": lambda: {"class-features": rows, "class-labels": classes,
+                             "class-logits": np.eye(10, dtype=np.float32)[classes],
+                             **strategy.group_models.get(info.arch, {})},
+        }[method]()
+        uploads.append(Upload(info, 50, payload, {}))
+    return uploads
+
+
+def _server_state(strategy, method):
+    return {"fedgh": lambda: strategy.global_header.state_dict(),
+            "fedre": lambda: strategy.global_header.state_dict(),
+            "fedtgp": lambda: strategy.tgp.state_dict(),
+            "velo": lambda: strategy.cvae.state_dict()}[method]()
+
+
+@pytest.mark.parametrize("method, rule", [(m, "median") for m in PAIR_METHODS] + [
+    ("fedgh", "geomed"), ("fedre", "multi-krum"), ("fedtgp", "trimmed-mean"),
+    ("velo", "geomed")])
+def test_a_poisoned_clients_pairs_are_dropped_before_the_server_trains(method, rule):
+    # Fewer server epochs than the defaults: the same maths, in a fraction of the time.
+    settings = {"fedre": {"fedre.server_batch_size": 2}, "velo": {"velo.cvae_epochs": 2},
+                "fedtgp": {"fedtgp.server_epochs": 5}}.get(method, {})
+    robust = make_strategy(method, **SMALL, robust_aggregation=rule, robust_trim_fraction=0.2,
+                           **settings)
+    robust.aggregate(1, _pair_uploads(robust, method, poisoned=True))
+    rows = 1 if method == "fedre" else 3
+    # Exactly the attacker's rows go (the store of Velo does not keep who sent a row).
+    assert robust._filtered_pairs["dropped"] == rows
+    if method != "velo":
+        assert robust._filtered_pairs["dropped_by_client"] == {"4": rows}
+    # The server then trains exactly as it would on the honest uploads alone.
+    honest = make_strategy(method, **SMALL, **settings)
+    honest.aggregate(1, _pair_uploads(honest, method, poisoned=False))
+    plain = make_strategy(method, **SMALL, **settings)
+    plain.aggregate(1, _pair_uploads(plain, method, poisoned=True))
+    ours, alone, dragged = (_server_state(s, method) for s in (robust, honest, plain))
+    for name in alone:
+        assert torch.equal(ours[name], alone[name]), name
+    assert any(not torch.equal(dragged[n], alone[n]) for n in alone)
+
+
+def test_the_round_record_says_whose_pairs_were_dropped(tmp_path):
+    strategy = make_strategy("fedgh", **SMALL, robust_aggregation="trimmed-mean",
+                             robust_trim_fraction=0.2)
+    strategy.recorder = Recorder(tmp_path / "run", method="fedgh", dataset="synthetic",
+                                 num_clients=5, num_rounds=2, config={}, partition={})
+    strategy.aggregate(1, _pair_uploads(strategy, "fedgh", poisoned=True))
+    strategy._finish_round(1, [])
+    assert strategy.recorder.history[0]["filtered_pairs"] == {
+        "pairs": 15, "dropped": 3, "dropped_by_client": {"4": 3}}
+    strategy._filtered_pairs = {}  # as configure_fit does at the next round
+    strategy._finish_round(2, [])
+    assert "filtered_pairs" not in strategy.recorder.history[1]
+    clipped = make_strategy("fedgh", **SMALL, robust_aggregation="norm-bound",
+                            robust_norm_bound=1.0)
+    clipped.aggregate(1, _pair_uploads(clipped, "fedgh", poisoned=True))
+    assert clipped._filtered_pairs == {"pairs": 15, "dropped": 0, "clipped": 3}
 
 
 # -- records -------------------------------------------------------------------------------------

@@ -125,7 +125,7 @@ def test_early_stopping_needs_labelled_public_samples():
                public_labels="labelled", **{"feddf.early_stopping": True})
     with pytest.raises(ConfigError, match="needs a public set"):
         cfg_of(method="feddf", **{**SMALL, "public_source": "none"})
-    with pytest.raises(ConfigError, match="server-training"):
+    with pytest.raises(ConfigError, match="server-distillation"):
         cfg_of(method="feddf", **SMALL, robust_aggregation="median")
     strategy = make_strategy("feddf", **SMALL, public_labels="labelled",
                              **{"feddf.early_stopping": True, "feddf.server_steps": 3,

@@ -205,7 +205,7 @@ def test_every_gkt_client_emits_16_channels_at_full_resolution_and_cnns_16x12x12
 
 
 def test_robust_rules_are_refused_the_server_trains_on_each_upload():
-    with pytest.raises(ConfigError, match="server-training"):
+    with pytest.raises(ConfigError, match="server-distillation"):
         cfg_of(method="fedgkt", robust_aggregation="median", **SMALL)
 
 

@@ -18,7 +18,7 @@ from fedapp.runtime.client_base import load_arrays, state_arrays
 from fedapp.runtime.submodel_settings import LEVELS, fixed_split, parse_levels, width_rate
 from fedapp.runtime.submodels import (CoordinateAverage, extract, index_maps, label_mask,
                                       map_size, masked_logits, window, with_statistics)
-from tests.conftest import (InProcessFederation, cfg_of, client_manager, fit_res,
+from tests.conftest import (cfg_of, client_manager, fit_res,
                             make_strategy, recorded_federation)
 
 torch.set_num_threads(1)

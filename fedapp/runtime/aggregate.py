@@ -75,11 +75,12 @@ class Robust:
     trim_fraction: float = 0.1
     krum_f: int = 1
     norm_bound: float = 0.0
+    filter_mads: float = 3.0
 
     @classmethod
     def of(cls, cfg: Any) -> "Robust":
         return cls(cfg.robust_aggregation, cfg.robust_trim_fraction, cfg.robust_krum_f,
-                   cfg.robust_norm_bound)
+                   cfg.robust_norm_bound, cfg.robust_filter_mads)
 
     def too_few(self, n: int) -> str | None:
         """Why ``n`` values cannot be protected by this rule, or None: Krum needs n > 2f + 2
@@ -220,6 +221,100 @@ def robust_average_per_group(groups: Sequence[Group],
     return {group: robust_average(ps, ws, robust, (references or {}).get(group),
                                   what=f"group {group}")
             for group, (ps, ws) in members.items()}
+
+
+# -- filtering the pairs a server trains on (the "server-training" payload kind) --------------
+#
+# FedGH, FedRE, FedTGP and Velo's servers do not average: they train a model of their own on
+# the individual (row, label) pairs the clients sent. There is no average to replace, so the
+# rule decides, per label, which rows the server may train on (Pillutla et al.'s and Yin et
+# al.'s centres, Blanchard et al.'s scores, Hampel's outlier identifier); the method's own
+# training then runs on the kept rows unchanged.
+
+# Hampel's identifier: a distance is an outlier beyond median + k * 1.4826 * MAD, the factor
+# making the MAD estimate a normal standard deviation (Leys et al. 2013 recommend k = 2.5-3).
+MAD_TO_STD = 1.4826
+
+
+def krum_scores(stack: np.ndarray, f: int) -> np.ndarray:
+    """Blanchard et al.'s Krum score of each row of ``stack`` [n, D]: the sum of its squared
+    distances to its n - f - 2 nearest other rows (at least one), as Flower's
+    ``aggregate_krum`` computes it (which returns the aggregate, not the scores)."""
+    x = np.asarray(stack, np.float64)
+    squared = (x * x).sum(1)
+    dist = np.maximum(squared[:, None] + squared[None] - 2 * x @ x.T, 0.0)
+    np.fill_diagonal(dist, np.inf)  # a row is not its own neighbour
+    closest = max(1, len(x) - f - 2)
+    return np.sort(dist, axis=1)[:, :closest].sum(1)
+
+
+def _kept_by_rule(x: np.ndarray, robust: Robust) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, keep) for the rows ``x`` [n, D] (float64) of one label under ``robust``."""
+    n = len(x)
+    keep = np.ones(n, dtype=bool)
+    rule = robust.rule
+    if rule in ("krum", "multi-krum") and n <= 2 * robust.krum_f + 2:
+        rule = "median"  # too few for Krum's guarantee, as in `combine`: too_few says so
+    if rule in ("krum", "multi-krum"):
+        # Krum keeps its one best-scored row, multi-Krum the n - f best (ties: first sent).
+        best = np.argsort(krum_scores(x, robust.krum_f), kind="stable")
+        keep[:] = False
+        keep[best[:1 if rule == "krum" else n - robust.krum_f]] = True
+        return x, keep
+    centre = geometric_median(x) if rule == "geomed" else np.median(x, axis=0)
+    dist = np.linalg.norm(x - centre, axis=1)
+    if rule == "norm-bound":
+        # Every row kept, moved towards its label's median until within the bound.
+        scale = np.minimum(1.0, robust.norm_bound / np.maximum(dist, 1e-300))
+        return centre + scale[:, None] * (x - centre), keep
+    if rule == "trimmed-mean":
+        # The int(beta n) rows farthest from the median are cut (ties: the last sent).
+        cut = int(robust.trim_fraction * n)
+        if cut:
+            keep[np.argsort(dist, kind="stable")[n - cut:]] = False
+        return x, keep
+    # median, geomed: Hampel's identifier on the distances to the centre.
+    middle = np.median(dist)
+    mad = np.median(np.abs(dist - middle))
+    return x, dist <= middle + robust.filter_mads * MAD_TO_STD * mad
+
+
+def filter_pairs(rows: np.ndarray, labels: np.ndarray, robust: Robust,
+                 what: str = "label") -> tuple[np.ndarray, np.ndarray]:
+    """The (row, label) pairs a server may train on under ``robust``: ``(rows, keep)``, where
+    ``keep`` [N] (bool) says which pairs stay and ``rows`` are the pairs' rows as the server
+    trains on them (moved only by norm-bound). Per label, over that label's rows:
+
+    - ``median`` / ``geomed``: the distance of each row to the label's coordinate-wise /
+      geometric median; a row farther than the median distance plus ``robust-filter-mads``
+      scaled MADs of the distances is dropped (Hampel's identifier);
+    - ``trimmed-mean``: the ``int(beta n)`` rows farthest from the coordinate-wise median are
+      dropped;
+    - ``krum`` / ``multi-krum``: the best-scored row, or the n - f best, are kept (Krum's
+      scores among the label's rows; with n <= 2f + 2 the median's rule instead);
+    - ``norm-bound``: every row is kept, moved towards the label's coordinate-wise median
+      until within ``robust-norm-bound`` of it.
+
+    Rule "none" returns ``rows`` itself and every pair kept. A label with too few rows for the
+    rule is named in a warning (a median of two is their mean: nothing is dropped)."""
+    labels = np.asarray(labels)
+    keep = np.ones(len(labels), dtype=bool)
+    if robust.rule == "none" or not len(labels):
+        return rows, keep
+    flat = np.asarray(rows, np.float64).reshape(len(labels), -1)
+    out = flat.copy()
+    thin = []
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        if (why := robust.too_few(len(members))) is not None:
+            thin.append(f"{what} {label}: {why}")
+        out[members], keep[members] = _kept_by_rule(flat[members], robust)
+    if thin:
+        log(WARNING, "robust-aggregation = %s over the pairs a server trains on, too few "
+            "rows: %s", robust.rule, "; ".join(thin))
+    moved = out.reshape(np.shape(rows)).astype(np.asarray(rows).dtype) \
+        if robust.rule == "norm-bound" else rows
+    return moved, keep
 
 
 def average_where_held(payloads: Sequence[Mapping[str, np.ndarray]]

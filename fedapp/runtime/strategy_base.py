@@ -46,7 +46,8 @@ from client_models import HeteroModel
 from fedapp.config import RunConfig, sampled_per_round
 from fedapp.data import setup
 from fedapp.runtime import attacks, checkpoint, secure_aggregation, timeline
-from fedapp.runtime.aggregate import Robust, robust_average, robust_average_per_group
+from fedapp.runtime.aggregate import (Robust, filter_pairs, robust_average,
+                                      robust_average_per_group)
 from fedapp.runtime.class_stats import robust_class_means
 from fedapp.runtime.payload import (ArraySpec, Payload, PayloadError, WireSize, check_layout,
                                     check_values, encode, float32, load, read_headers, to_wire,
@@ -228,6 +229,7 @@ class FedStrategy(Strategy):
         self._empty = False  # this round had no usable update
         # With secure-aggregation: the round's survivors, or why SecAgg+ halted it.
         self._secure: dict[str, Any] = {}
+        self._filtered_pairs: dict[str, Any] = {}  # training_pairs' count, this round
         # Rounds in a row without a usable update, counted on from a resumed run's records.
         self._empty_in_a_row = 0
         for record in reversed(recorder.history if recorder is not None else []):
@@ -345,6 +347,29 @@ class FedStrategy(Strategy):
         """Per class, the robust rule's combination of the rows its holders sent (only with
         ``robust-aggregation`` set: a method keeps its own per-class average otherwise)."""
         return robust_class_means(rows, self.robust)
+
+    def training_pairs(self, rows: np.ndarray, labels: np.ndarray,
+                       owners: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The (row, label) pairs a server that trains on its clients' uploads (FedGH's LARs,
+        FedRE's mixes, FedTGP's prototypes, Velo's stored features) may train on:
+        ``(rows, keep)``, ``keep`` [N] bool. Under ``robust-aggregation`` the rule filters
+        each label's rows (:func:`~fedapp.runtime.aggregate.filter_pairs`; norm-bound moves
+        them instead); under "none" every pair is kept and ``rows`` is returned as it came.
+        ``owners`` (the partition id of each row, where the server knows it) makes the round
+        record say whose pairs were dropped (``filtered_pairs``)."""
+        out, keep = filter_pairs(rows, labels, self.robust)
+        if self.robust.rule != "none":
+            record = self._filtered_pairs
+            record["pairs"] = record.get("pairs", 0) + len(keep)
+            record["dropped"] = record.get("dropped", 0) + int((~keep).sum())
+            if out is not rows:
+                moved = np.any(np.reshape(out != rows, (len(keep), -1)), axis=1)
+                record["clipped"] = record.get("clipped", 0) + int(moved.sum())
+            if owners is not None and not keep.all():
+                by_client = record.setdefault("dropped_by_client", {})
+                for pid in np.asarray(owners)[~keep]:
+                    by_client[str(int(pid))] = by_client.get(str(int(pid)), 0) + 1
+        return out, keep
 
     def new_model(self, arch: str) -> HeteroModel:
         """A model of ``arch`` initialised from the seed (for server-side initial weights)."""
@@ -494,6 +519,7 @@ class FedStrategy(Strategy):
         self._devices = {}
         self._empty = False
         self._secure = {}
+        self._filtered_pairs = {}
         available = self.list_clients(client_manager)
         n = sampled_per_round(self.cfg, len(available))
         if self.privacy is not None:
@@ -787,6 +813,7 @@ class FedStrategy(Strategy):
                **({"privacy": self.privacy.record()} if self.privacy is not None else {}),
                **({"secure_aggregation": self._secure} if self.cfg.secure_aggregation else {}),
                **self.attack_record(evals),
+               **({"filtered_pairs": self._filtered_pairs} if self._filtered_pairs else {}),
                "train_loss": self._train_loss,
                **({"train_terms": self._train_terms} if self._train_terms else {}),
                **self._devices,

@@ -84,7 +84,7 @@ METHOD = Method("FedAvg within each architecture, then the server distils the en
                 # The group averages would take a robust rule, but the distillation's teachers
                 # are the individual uploads: one poisoned model steers every student whatever
                 # rule averages x_a, so the robust rules are refused rather than half applied.
-                payload_kinds=("group-model", "server-training"),
+                payload_kinds=("group-model", "server-distillation"),
                 secure_aggregation=(
                     "its server distils the ensemble of the individual client models into each "
                     "architecture's average"))

@@ -62,5 +62,5 @@ METHOD = Method("heads averaged; the server trains a feature generator on the en
                 "the heads, and clients train their heads on its features too",
                 strategy_class="FedGen", client_class="FedGenClient", shared_dim=True,
                 settings=FedGenSettings, recipe=HTFLLIB,
-                payload_kinds=("model", "server-training"),
+                payload_kinds=("model", "server-distillation"),
                 secure_aggregation=NOT_BUILT)

@@ -90,10 +90,21 @@ class FedGH(FedStrategy):
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
         if self.settings.server_head_training:
-            train_header(self.global_header, [(u.payload["representations"], u.payload["labels"])
-                                              for u in uploads], self.settings,
+            train_header(self.global_header, self.client_lars(uploads), self.settings,
                          derive_seed(self.cfg.seed, "fedgh-server", server_round))
             self._payload = self._header_payload()
+
+    def client_lars(self, uploads: list[Upload]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each client's (LARs, labels), in upload order, less the pairs a robust rule drops
+        (``training_pairs``: per label, over every client's LARs of it); a client left with
+        none drops out of the round's training."""
+        reps = np.concatenate([u.payload["representations"] for u in uploads])
+        labels = np.concatenate([u.payload["labels"] for u in uploads])
+        sender = np.repeat(np.arange(len(uploads)), [len(u.payload["labels"]) for u in uploads])
+        pids = np.array([u.client.partition_id for u in uploads])
+        reps, keep = self.training_pairs(reps, labels, owners=pids[sender])
+        return [(reps[mine], labels[mine]) for i in range(len(uploads))
+                if (mine := keep & (sender == i)).any()]
 
 
 def train_header(header: torch.nn.Linear, lars: list[tuple[np.ndarray, np.ndarray]],

@@ -94,7 +94,7 @@ METHOD = Method("group knowledge transfer: each client uploads its stem's featur
                 "and sends back its logits, the clients' KD targets (same stem map shape)",
                 strategy_class="FedGKT", client_class="FedGKTClient",
                 settings=FedGKTSettings, recipe=RECIPE,
-                payload_kinds=("server-training",),
+                payload_kinds=("server-distillation",),
                 secure_aggregation=("its server trains its large model on each client's individual "
                                     "feature maps and logits"),
                 upload_layout=UploadLayout(labels="labels", rows=("features", "logits"),

@@ -104,7 +104,12 @@ class FedRE(FedGH):
         for row, u in zip(soft, uploads):
             weights = u.payload["weights"].astype(np.float64)
             row[u.payload["labels"]] = weights / weights.sum()  # within the tolerance above
-        train_head_soft(self.global_header, mixes, soft.astype(np.float32), self.settings,
+        # A mix has no class of its own (its soft label spreads over the sender's classes):
+        # a robust rule filters the round's mixes together, as pairs of one label.
+        mixes, keep = self.training_pairs(mixes, np.zeros(len(uploads), np.int64),
+                                          owners=[u.client.partition_id for u in uploads])
+        train_head_soft(self.global_header, mixes[keep], soft[keep].astype(np.float32),
+                        self.settings,
                         derive_seed(self.cfg.seed, "fedre-server", server_round))
         self._payload = self._header_payload()
 

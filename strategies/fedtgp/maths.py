@@ -165,6 +165,12 @@ class FedTGP(FedStrategy):
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
         prototypes = np.concatenate([u.payload["prototypes"] for u in uploads])
         labels = np.concatenate([u.payload["labels"] for u in uploads])
+        owners = np.concatenate([np.full(len(u.payload["labels"]), u.client.partition_id)
+                                 for u in uploads])
+        # A robust rule drops outlying prototypes per class: the margin's class means and the
+        # TGP's training set are then both over the kept ones.
+        prototypes, keep = self.training_pairs(prototypes, labels, owners)
+        prototypes, labels = prototypes[keep], labels[keep]
         self.margin, _ = adaptive_margin(prototypes, labels, self.num_classes,
                                          self.settings.margin)
         train_tgp(self.tgp, prototypes, labels, self.margin, self.settings,

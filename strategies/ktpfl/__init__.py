@@ -76,7 +76,7 @@ METHOD = Method("parameterized knowledge transfer for personalised FL: soft pred
                 recipe=RECIPE, needs_public=True, public_labels=False,
                 # The server learns coefficients from the individual uploads and mixes them per
                 # client: no average for a robust rule to replace.
-                payload_kinds=("server-training",),
+                payload_kinds=("server-distillation",),
                 secure_aggregation=("its server learns each client's knowledge coefficients "
                                     "from the individual soft predictions and mixes them per "
                                     "client"),

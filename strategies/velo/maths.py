@@ -129,6 +129,10 @@ class Velo(Felo):
                        means: np.ndarray) -> np.ndarray:
         if (server_round - 1) % self.settings.retrain_every == 0:
             features, feature_labels = self.store.feature_dataset()
+            # A robust rule drops outlying stored features per class (whose they are, the
+            # store does not keep) before the CVAE learns from them.
+            features, keep = self.training_pairs(features, feature_labels)
+            features, feature_labels = features[keep], feature_labels[keep]
             self.cvae_trained |= train_cvae(self.cvae, features, feature_labels, self.settings,
                                             derive_seed(self.cfg.seed, "velo-cvae-train",
                                                         server_round))
