@@ -92,6 +92,13 @@ def settings(args: argparse.Namespace) -> dict:
             "client-state": args.client_state, **dict(args.set)}
 
 
+def work_config(flat: dict):
+    """The in-process loops' config: every setting of the work counts as set by the run, as
+    the Flower run's ``--set`` flags do, so a method's recipe fills in only what the work
+    leaves unset in both."""
+    return load_config({**flat, "explicit-settings": ",".join(f"{key}=set" for key in flat)})
+
+
 def key_value(text: str) -> tuple[str, object]:
     """``--set KEY=VALUE``: VALUE read as JSON where it parses (numbers, true/false, quoted
     strings), as a string otherwise."""
@@ -241,7 +248,7 @@ def interleaved(args: argparse.Namespace) -> list[dict[str, float]]:
     training + evaluation, and with the method's own pass: the same work), with the CPU seconds
     that other processes (the paused Flower run's included) and the hypervisor took from the
     machine meanwhile."""
-    loops = load_config({**settings(args), "client-state": "memory",
+    loops = work_config({**settings(args), "client-state": "memory",
                          "num-server-rounds": args.rounds + args.warmup_rounds})
     bare_rounds = bare(loops)
     for _ in range(args.warmup_rounds):  # the bare loop's cold round(s), untimed
@@ -321,7 +328,7 @@ def one_sitting(args: argparse.Namespace, cfg) -> dict[str, float]:
     t = {}
     if not args.flwr_only:
         t = {"bare-train": 0.0, "bare": 0.0, "bare-same": 0.0, "runtime": 0.0}
-        loops = load_config({**settings(args), "client-state": "memory",
+        loops = work_config({**settings(args), "client-state": "memory",
                              "num-server-rounds": args.rounds + args.warmup_rounds})
         per_round = []
         for rnd, ((train, evaluate, own), r) in enumerate(zip(bare(loops), runtime(loops)), 1):
@@ -377,7 +384,7 @@ def main() -> None:
                              "round against the bare rounds just before and after it "
                              "(no in-process runtime row)")
     args = parser.parse_args()
-    cfg = load_config(settings(args))
+    cfg = work_config(settings(args))
     torch.set_num_threads(os.cpu_count() or 1)
     if args.interleave:
         if args.repeat != 1 or args.skip_flwr or args.flwr_only or args.timeline:

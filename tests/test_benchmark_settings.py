@@ -1,0 +1,41 @@
+"""benchmarks/runtime_overhead.py's settings: what `--set` adds, and that the in-process loops
+train exactly the work the Flower run's `--set` flags pin (a method's recipe fills in only what
+the work leaves unset), so a method's bare loop and its Flower run do the same arithmetic."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location(
+        "runtime_overhead", ROOT / "benchmarks" / "runtime_overhead.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_set_reads_json_values_and_keeps_other_text_as_a_string(bench):
+    assert bench.key_value("public-source=train-holdout") == ("public-source", "train-holdout")
+    assert bench.key_value("lr=0.5") == ("lr", 0.5)
+    assert bench.key_value('fedmd.pretrain="none"') == ("fedmd.pretrain", "none")
+    with pytest.raises(argparse.ArgumentTypeError):
+        bench.key_value("lr")
+
+
+def test_the_in_process_work_is_the_pinned_work_not_the_methods_recipe(bench):
+    args = argparse.Namespace(setting="tenclients", rounds=2, samples_per_client=100,
+                              method="fedmd", client_state="memory",
+                              set=[("public-source", "train-holdout")])
+    cfg = bench.work_config(bench.settings(args))
+    # FedMD's recipe trains with batches of 5 and Adam; the benchmark pins SGD on batches of 64.
+    assert (cfg.method, cfg.batch_size, cfg.optimizer, cfg.lr, cfg.momentum) == (
+        "fedmd", 64, "sgd", 0.01, 0.9)
+    assert cfg.public_source == "train-holdout"
