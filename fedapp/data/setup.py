@@ -40,6 +40,15 @@ def loaded_dataset(cfg: RunConfig) -> TensorData:
                         synthetic_train=cfg.synthetic_train, synthetic_test=cfg.synthetic_test)
 
 
+@functools.lru_cache(maxsize=4)
+def public_on(cfg: RunConfig, device: str, labels: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the public images, their labels or None) on a client's device, loaded once per
+    process for all its clients: the public-data methods' clients (FedMD, DS-FL, KT-pFL)."""
+    public = public_set(cfg, labels=labels)
+    return public.x.to(device), None if public.y is None else public.y.to(device)
+
+
 def public_set(cfg: RunConfig, labels: bool = True) -> PublicSet:
     """The run's public set (``public-source``), the same in every process that loads it;
     ``labels = False`` leaves its labels out (a method that may not read them, see

@@ -28,7 +28,6 @@ float32 probabilities, with m = ``dsfl.open-size``.
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 import torch
@@ -102,12 +101,6 @@ def check_probabilities(p: np.ndarray) -> None:
                            "not 1")
 
 
-@functools.lru_cache(maxsize=4)
-def _open_on(cfg, device: str) -> torch.Tensor:
-    """The open set's images on a client's device, once per process for all its clients."""
-    return setup.public_set(cfg, labels=False).x.to(device)
-
-
 class DSFLClient(FedClient):
     """Distil the last global soft labels, update on private data, predict on A_t."""
 
@@ -122,7 +115,7 @@ class DSFLClient(FedClient):
             self.soft_labels = torch.from_numpy(payload["soft-labels"]).float().to(self.device)
 
     def train(self, server_round: int) -> TrainStats:
-        s, x_open = self.settings, _open_on(self.cfg, str(self.device))
+        s, x_open = self.settings, setup.public_on(self.cfg, str(self.device))[0]
         self.distilled = None
         if self.soft_labels is not None:
             self.distilled = distil(self.model, x_open[self.labels_at.to(self.device)],

@@ -32,7 +32,6 @@ of that same training data (the code monitors the test set: never here). As Kera
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 import torch
@@ -71,13 +70,6 @@ def digest_loss(logits: torch.Tensor, consensus: torch.Tensor, kind: str) -> tor
                     reduction="batchmean")
 
 
-@functools.lru_cache(maxsize=4)
-def _public_on(cfg, device: str, labels: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The public set on a client's device, once per process for all its clients."""
-    public = setup.public_set(cfg, labels=labels)
-    return public.x.to(device), None if public.y is None else public.y.to(device)
-
-
 @torch.no_grad()
 def scores(model: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
     """Pre-softmax outputs of ``model`` in inference mode, float32 [N, C]."""
@@ -94,7 +86,7 @@ class FedMDClient(FedClient):
         return self.cfg.settings
 
     def public(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return _public_on(self.cfg, str(self.device), public_labels(self.cfg))
+        return setup.public_on(self.cfg, str(self.device), public_labels(self.cfg))
 
     def receive(self, payload: Payload, server_round: int) -> None:
         self.consensus_at = self.consensus = None

@@ -42,7 +42,6 @@ in every round: exactly the code's).
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 import torch
@@ -147,12 +146,6 @@ def private_epochs(server_round: int, local_epochs: int, settings: KTpFLSettings
     return min(server_round - 1, local_epochs) if settings.epoch_ramp else local_epochs
 
 
-@functools.lru_cache(maxsize=4)
-def _public_on(cfg, device: str) -> torch.Tensor:
-    """The public set's images on a client's device, once per process for all its clients."""
-    return setup.public_set(cfg, labels=False).x.to(device)
-
-
 class KTpFLClient(FedClient):
     """Distil the personalised target, train on private data, predict on A_t."""
 
@@ -167,7 +160,7 @@ class KTpFLClient(FedClient):
             self.target = torch.from_numpy(payload["target"]).float().to(self.device)
 
     def train(self, server_round: int) -> TrainStats:
-        s, x_pub = self.settings, _public_on(self.cfg, str(self.device))
+        s, x_pub = self.settings, setup.public_on(self.cfg, str(self.device))[0]
         self.distilled = None
         if self.target is not None:
             self.distilled = train_epochs(
