@@ -415,6 +415,12 @@ def mean_client_accuracy(summary: Mapping[str, Any]) -> float:
     return float(np.mean(per_client_accuracies(summary)))
 
 
+def signed(value: float, digits: int = 3) -> str:
+    """``value`` with its sign, rounded to ``digits`` places; a difference that rounds to zero
+    reads +0.000, never -0.000."""
+    return f"{round(value, digits) + 0.0:+.{digits}f}"
+
+
 def paired(mine: Sequence[Mapping[str, Any]], base: Sequence[Mapping[str, Any]],
            metric=mean_client_accuracy) -> tuple[float, float]:
     """Mean ± std over the seeds of the seed-by-seed difference of ``metric`` (default the mean

@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (DEFAULT_SEEDS, DEFAULTS_SETTINGS, ROOT, VERDICT_RULE,  # noqa: E402
                     add_resource_options, cell, finished, mean_client_accuracy, mean_std,
                     page_methods, read_generated, recipe_label, recipe_named, recipes,
-                    resource_overrides, run_parallel, run_seeds, seeds_option, training,
+                    resource_overrides, run_parallel, run_seeds, seeds_option, signed, training,
                     training_caption, verdict, write_generated)
 
 from fedapp.config import toml_value  # noqa: E402
@@ -178,13 +178,14 @@ def row_text(row: Row, by_key: Mapping[str, Row], columns: Sequence[str], runs: 
         delta = "—"
         if base:
             means = [mean_std(map(mean_client_accuracy, x))[0] for x in (mine, base)]
-            delta = f"{means[0] - means[1]:+.3f}"
+            delta = signed(means[0] - means[1])
         against = "—"
         if own:
             if len(mine) != len(own):
                 raise ValueError(f"paired runs: {len(mine)} seeds against {len(own)}")
             diffs = [mean_client_accuracy(x) - mean_client_accuracy(y) for x, y in zip(mine, own)]
-            against = "{:+.3f} ± {:.3f}".format(*mean_std(diffs))
+            mean, spread = mean_std(diffs)
+            against = f"{signed(mean)} ± {spread:.3f}"
             verdicts[verdict(diffs)].append(f"{row.label} on {column}")
         cells.append(f"{cell(map(mean_client_accuracy, mine))} | {delta} | {against}")
     return (f"| {row.label} | " + " | ".join(cells) + " | "

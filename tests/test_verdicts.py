@@ -46,3 +46,10 @@ def test_a_claim_line_pairs_the_runs_seed_by_seed():
     assert common.claim_line("A", "B", mine, base[::-1]).startswith("A ≥ B: level")
     with pytest.raises(ValueError):
         common.claim_line("A", "B", mine, base[:2])
+
+
+def test_a_difference_that_rounds_to_zero_reads_plus_zero():
+    assert common.signed(-0.0001) == "+0.000"
+    assert common.signed(-0.0006) == "-0.001"
+    assert common.signed(0.02) == "+0.020"
+    assert common.signed(-0.00004, 4) == "+0.0000"
