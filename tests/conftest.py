@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 from flwr.common import (Code, EvaluateRes, FitRes, GetPropertiesRes, Status,
@@ -29,6 +32,15 @@ class FakeProxy(ClientProxy):
     def fit(self, *a, **k): raise NotImplementedError
     def evaluate(self, *a, **k): raise NotImplementedError
     def reconnect(self, *a, **k): raise NotImplementedError
+
+
+def benchmark_script(name):
+    """``benchmarks/<name>.py`` as a module (the scripts are not a package)."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def cfg_of(**overrides):

@@ -5,21 +5,15 @@ the work leaves unset), so a method's bare loop and its Flower run do the same a
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location(
-        "runtime_overhead", ROOT / "benchmarks" / "runtime_overhead.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("runtime_overhead")
 
 
 def test_set_reads_json_values_and_keeps_other_text_as_a_string(bench):
