@@ -3,7 +3,7 @@ a bare PyTorch loop training the same slice, and the server's peak memory for on
 aggregate.
 
 1. **Seconds per rate** (``--rates``, default HeteroFL's levels a-e: 1, 1/2, 1/4, 1/8, 1/16):
-   one client (partition 0 of ``--num-clients``, IID Fashion-MNIST, at most ``--samples``
+   one client on the CPU (partition 0 of ``--num-clients``, IID Fashion-MNIST, at most ``--samples``
    training samples, 1000 by default) trains its slice of ``--global-arch`` for 1 local epoch
    with the method's recipe otherwise (HeteroFL's: batch 10, SGD lr 0.01 with momentum 0.9,
    weight decay 5e-4, gradient-norm clip 1, the label-masked cross-entropy). Two variants, run
@@ -51,7 +51,6 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Iterator
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -140,8 +139,10 @@ def runtime(cfg) -> Iterator[float]:
     client_cls = METHODS[cfg.method].client
     server = server_strategy(cfg)
     run_config = {k.replace("_", "-"): v for k, v in cfg.to_flat().items()}
+    # On the CPU, as the bare loop, even where a GPU is visible.
     ctx = Context(run_id=1, node_id=PARTITION,
-                  node_config={"partition-id": PARTITION, "num-partitions": cfg.num_clients},
+                  node_config={"partition-id": PARTITION, "num-partitions": cfg.num_clients,
+                               "device": "cpu"},
                   state=RecordDict(), run_config=run_config)
     client_cls(ctx, cfg).data  # load the data outside the timing, as `bare` does
     for rnd in range(1, cfg.num_server_rounds + 1):
