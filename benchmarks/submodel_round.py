@@ -3,11 +3,11 @@ a bare PyTorch loop training the same slice, and the server's peak memory for on
 aggregate.
 
 1. **Seconds per rate** (``--rates``, default HeteroFL's levels a-e: 1, 1/2, 1/4, 1/8, 1/16):
-   one client on the CPU (partition 0 of ``--num-clients``, IID Fashion-MNIST, at most ``--samples``
-   training samples, 1000 by default) trains its slice of ``--global-arch`` for 1 local epoch
-   with the method's recipe otherwise (HeteroFL's: batch 10, SGD lr 0.01 with momentum 0.9,
-   weight decay 5e-4, gradient-norm clip 1, the label-masked cross-entropy). Two variants, run
-   round by round in alternation so that both see the same machine:
+   one client on the CPU (partition 0 of ``--num-clients``, IID Fashion-MNIST, at most
+   ``--samples`` training samples, 1000 by default) trains its slice of ``--global-arch`` for 1
+   local epoch with the method's recipe otherwise (HeteroFL's: batch 10, SGD lr 0.01 with
+   momentum 0.9, weight decay 5e-4, gradient-norm clip 1, the label-masked cross-entropy). Two
+   variants, run round by round in alternation so that both see the same machine:
 
    - bare:    a hand-written loop over the slice model, built by the kit at the rate
               (:func:`slice_model`, the client's own builder) and kept between rounds, with the
