@@ -188,6 +188,20 @@ def weighted_mean(sums: Mapping[str, np.ndarray]) -> Payload:
     return {name: array / total for name, array in sums.items() if name != SUM_WEIGHT}
 
 
+# -- per-class rows that count once per holder (FD, FedHe) --------------------------------------
+def holder_rows(labels: np.ndarray, rows: np.ndarray, num_classes: int) -> Payload:
+    """The :func:`class_table` of a client whose rows each count once (weight 1): summed,
+    row c is the sum of the survivors' rows of class c and the holders column their number."""
+    return class_table(labels, rows, np.ones(len(labels)), num_classes)
+
+
+def holder_sums(sums: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(summed rows [C, ...], holders per class [C]) of summed :func:`holder_rows` uploads.
+    A holder count is an integer and each survivor's 0 or 1 is off by less than one step, so
+    rounding gives it back exactly: the count a plain server would have made."""
+    return sums[ROWS], np.rint(sums[HOLDERS])
+
+
 # -- the client: Flower's mod, on the messages of the protocol only ------------------------------
 def client_mod(message: Message, context: Context, call_next) -> Message:
     """Flower's ``secaggplus_mod`` for the protocol's messages (TRAIN messages that carry its

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from fedapp.config import ConfigError, RunConfig, UploadLayout, opt
 from fedapp.runtime.recipes import HTFLLIB
-from strategies import NOT_BUILT, Method
+from strategies import Method
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,13 @@ class FDSettings:
                 "setting fd.history = 'round' is invalid with server-loop = 'async': without "
                 "rounds the server keeps each client's latest logits; set fd.history = "
                 "\"latest-per-client\" (or leave it at \"auto\").")
+        if cfg.secure_aggregation and self.resolved_history(cfg) == "latest-per-client":
+            raise ConfigError(
+                "setting secure-aggregation = true is invalid for method 'fd' with "
+                "fd.history = 'latest-per-client': the server sees only the sum of a round's "
+                "uploads, and this history replaces each client's rows with its newest, while "
+                "the server holds a client's older rows only inside a past round's sum; use "
+                "fd.history = 'round' (what 'auto', the default, takes in rounds).")
 
     def resolved_history(self, cfg: RunConfig) -> str:
         if self.history != "auto":
@@ -45,5 +52,5 @@ METHOD = Method("federated distillation: per-class average logits up, the other 
                 strategy_class="FD", client_class="FDClient",
                 settings=FDSettings, asynchronous=True, recipe=HTFLLIB,
                 payload_kinds=("class-rows",),
-                secure_aggregation=NOT_BUILT,
+                secure_aggregation="fixed-layout",
                 upload_layout=UploadLayout(labels="labels", rows=("logits",), logits=("logits",)))

@@ -28,6 +28,13 @@ Choices, each a setting (docs/htfl-methods-1.md):
   store that lets the server fold in one upload at a time (``server-loop = "async"``); the
   default ``auto`` takes the first in synchronous rounds and the second in that loop. With
   every client in every round both are the same.
+
+With ``secure-aggregation`` (docs/privacy.md) each client uploads a table of all C classes
+(FedHe's: its rows, zeros elsewhere, and which classes it holds), and the server holds only the
+round's per-class sums and counts: the ``round`` history exactly. It cannot take a client's
+own rows out of a sum it cannot see, so for ``exclude-own`` it tells each client whose rows
+the sum holds (it knows the survivors) the counts and the round, and the client takes out the
+rows it uploaded then, which it keeps in its state (:meth:`FDClient.others_rows`).
 """
 
 from __future__ import annotations
@@ -35,11 +42,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
+from flwr.app import Array, ArrayRecord
 
-from fedapp.runtime.payload import ArraySpec, Payload
+from fedapp.runtime import secure_aggregation
+from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 from strategies.fd import FDSettings
 from strategies.fedhe.maths import FedHeClient, check_class_logits
+
+# In a client's context.state, with secure aggregation and exclude-own: the rows it uploaded,
+# "<round>/labels" and "<round>/logits", until no table the server sends can hold them.
+SENT_KEY = "fd.sent"
 
 
 def distillation(logits: torch.Tensor, y: torch.Tensor, class_logits: torch.Tensor,
@@ -72,7 +85,48 @@ class FDClient(FedHeClient):
 
     def upload(self) -> Payload:
         means = self.logit_sums.means()
-        return {"logits": means.means, "labels": means.labels}
+        self.sent = {"logits": means.means, "labels": means.labels}
+        return self.sent
+
+    def takes_out_own(self) -> bool:
+        """Whether this client takes its own rows out of the server's table (exclude-own with
+        secure aggregation: the server holds only sums)."""
+        return self.cfg.secure_aggregation and self.cfg.settings.exclude_own
+
+    def receive(self, payload: Payload, server_round: int) -> None:
+        if self.takes_out_own():
+            payload = self.others_rows(payload)
+        super().receive(payload, server_round)
+
+    def others_rows(self, payload: Payload) -> Payload:
+        """The server's table without this client's rows, where the server says they are in
+        its sums (``own-round``: the round it uploaded them): each such class's
+        ``(count * mean - own row) / (count - 1)``, the plain server's F^(i). Every other
+        round's rows are dropped: a table is of the last round the server aggregated, so a
+        later one cannot hold them (at most two rounds' rows are ever kept)."""
+        record = self.context.state.get(SENT_KEY)
+        sent = {k: v.numpy() for k, v in record.items()} if record is not None else {}
+        own = str(int(payload["own-round"][0])) if "own-round" in payload else None
+        kept = {k: v for k, v in sent.items() if k.split("/")[0] == own}
+        self.context.state[SENT_KEY] = ArrayRecord(array_dict={k: Array(v)
+                                                               for k, v in kept.items()})
+        if own is None:
+            return payload  # none of this client's rows in the table: everyone's mean is F^(i)
+        if not kept:
+            raise PayloadError(
+                f"the server's logits hold this client's rows of round {own}, which it no "
+                "longer has (its state was lost), so it cannot take them out (fd.exclude-own)")
+        return without_rows(payload, kept[f"{own}/labels"], kept[f"{own}/logits"],
+                            self.num_classes)
+
+    def save_state(self, server_round: int) -> None:
+        if self.takes_out_own():
+            # Beside what others_rows kept (this message's receive) of the earlier rounds.
+            record = self.context.state.get(SENT_KEY) or ArrayRecord()
+            record[f"{server_round}/labels"] = Array(np.asarray(self.sent["labels"]))
+            record[f"{server_round}/logits"] = Array(np.asarray(self.sent["logits"]))
+            self.context.state[SENT_KEY] = record
+        super().save_state(server_round)
 
 
 def _table(sums: np.ndarray, counts: np.ndarray) -> Payload:
@@ -82,6 +136,21 @@ def _table(sums: np.ndarray, counts: np.ndarray) -> Payload:
         return {}
     return {"logits": (sums[labels] / counts[labels, None]).astype(np.float32),
             "labels": labels.astype(np.int32)}
+
+
+def without_rows(table: Payload, labels: np.ndarray, rows: np.ndarray, num_classes: int
+                 ) -> Payload:
+    """A table of class means with their ``counts`` (``{"logits", "labels", "counts"}``)
+    without one holder's ``rows`` of classes ``labels``; a class it alone held has no row."""
+    sums = np.zeros((num_classes, num_classes), np.float64)
+    counts = np.zeros(num_classes, np.float64)
+    held = table["labels"].astype(np.int64)
+    counts[held] = table["counts"]
+    sums[held] = table["logits"].astype(np.float64) * counts[held, None]
+    labels = np.asarray(labels, np.int64)
+    sums[labels] -= rows
+    counts[labels] -= 1
+    return _table(sums, counts)
 
 
 class FD(FedStrategy):
@@ -96,8 +165,13 @@ class FD(FedStrategy):
         self.sums = np.zeros((c, c), np.float64)
         self.counts = np.zeros(c, np.float64)
         self._payload: Payload = {}
+        # With secure aggregation: the partitions whose rows the table sums, and their round.
+        self.summed: list[int] = []
+        self.summed_round = 0
 
     def fit_payload(self, server_round: int, client: ClientInfo | None) -> Payload:
+        if self.cfg.secure_aggregation:
+            return self.secure_payload(client)
         own = self.client_logits.get(client.partition_id) if client is not None else None
         if not self.settings.exclude_own or own is None:
             return self._payload  # one object for everyone: encoded once
@@ -130,6 +204,29 @@ class FD(FedStrategy):
             self.counts[labels] += 1
         self._payload = (_table(self.sums, self.counts) if self.robust.rule == "none"
                          else self.robust_table())
+
+    def secure_layout(self) -> dict[str, tuple[int, ...]]:
+        return secure_aggregation.class_table_layout(self.num_classes, (self.num_classes,))
+
+    def aggregate_sums(self, server_round: int, sums: Payload, uploads: list[Upload]) -> None:
+        # fd.history = 'round' (the card refuses 'latest-per-client' with secure aggregation):
+        # the table is the round's per-class sums and counts, which is all it is made of.
+        self.sums, self.counts = secure_aggregation.holder_sums(sums)
+        self.summed = [u.client.partition_id for u in uploads]
+        self.summed_round = server_round
+        self._payload = _table(self.sums, self.counts)
+
+    def secure_payload(self, client: ClientInfo | None) -> Payload:
+        """With secure aggregation: everyone's means (fd.exclude-own = false, or a client whose
+        rows are not in them); with exclude-own, a client whose rows are in them also gets
+        each class's count and the round of its rows, and takes them out itself
+        (:meth:`FDClient.others_rows`)."""
+        if not (self.settings.exclude_own and self._payload and client is not None
+                and client.partition_id in self.summed):
+            return self._payload
+        labels = self._payload["labels"]
+        return {**self._payload, "counts": self.counts[labels].astype(np.int32),
+                "own-round": np.array([self.summed_round], np.int64)}
 
     def robust_table(self, exclude: int | None = None) -> Payload:
         """The table under robust-aggregation: each class's rule over the clients that sent

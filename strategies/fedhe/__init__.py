@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedapp.config import ConfigError, RunConfig, UploadLayout, opt
-from strategies import NOT_BUILT, Method
+from strategies import Method
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,21 @@ class FedHeSettings:
                 f"method 'fedhe' with fedhe.history = {self.history!r}: that store keeps only "
                 "per-class sums, not each client's rows, which a robust rule needs; set "
                 "fedhe.history = 'latest-per-client'.")
+        if cfg.secure_aggregation and self.history != "all":
+            raise ConfigError(
+                "setting secure-aggregation = true is invalid for method 'fedhe' with "
+                f"fedhe.history = {self.history!r}: the server sees only the sum of a round's "
+                "uploads, and " + SECURE_REFUSED[self.history] + "; use fedhe.history = "
+                "'all' (the paper's store, the default), which is per-class sums and counts.")
+
+
+# Why a store other than 'all' cannot be kept from the sums of a round's uploads.
+SECURE_REFUSED = {
+    "running-mean": "this store collapses its past into one vote after every "
+                    "collapse-every-th upload, which may fall between two uploads of one sum",
+    "latest-per-client": "this store replaces each client's vectors with its newest, and the "
+                         "server holds a client's older vectors only inside a past round's "
+                         "sum"}
 
 # FedHe's code compiles one Keras Adam per client, kept for the whole run; 3 batches of 50.
 RECIPE = {"optimizer": "adam", "lr": 0.001, "weight-decay": 0.0, "grad-clip": 0.0,
@@ -42,5 +57,5 @@ METHOD = Method("per-class average logits up and down; CE + alpha * logit loss "
                 strategy_class="FedHe", client_class="FedHeClient", settings=FedHeSettings,
                 asynchronous=True, recipe=RECIPE,
                 payload_kinds=("class-rows",),
-                secure_aggregation=NOT_BUILT,
+                secure_aggregation="fixed-layout",
                 upload_layout=UploadLayout(labels="labels", rows=("logits",), logits=("logits",)))

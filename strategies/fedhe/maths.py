@@ -15,6 +15,11 @@ the paper and the code: ``all`` (every vector ever received counts equally: the 
 ``running-mean`` (the code: every ``collapse-every`` uploads the past collapses into one vote, so
 recent uploads dominate) and ``latest-per-client`` (each client's newest vector only).
 
+With ``secure-aggregation`` (docs/privacy.md) a client uploads a table of all C classes (its
+rows, zeros elsewhere, and which classes it holds) and the server sees only a round's sum:
+``all``'s per-class sums and counts exactly; the other stores need each upload (the card
+refuses them).
+
 Rounds here are synchronous (``server-loop = "async"`` drops the barrier): a round is one upload
 per sampled client. The paper's client update of three random mini-batches of 50 with Adam
 (1e-3), one optimizer kept for the client's whole run as the authors' code does, is the method's
@@ -27,6 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedapp.runtime import secure_aggregation
 from fedapp.runtime.class_stats import ClassSums, class_target_mse
 from fedapp.runtime.client_base import FedClient
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
@@ -59,6 +65,12 @@ class FedHeClient(FedClient):
     def upload(self) -> Payload:
         means = self.logit_sums.means(plus_one=self.cfg.settings.plus_one)
         return {"logits": means.means, "labels": means.labels}
+
+    def secure_upload(self, upload: Payload) -> Payload:
+        # With secure-aggregation: a table of all C classes in which each class this client
+        # holds counts once, as one vector in the store (FedHe.aggregate_sums; FD's the same).
+        return secure_aggregation.holder_rows(upload["labels"], upload["logits"],
+                                              self.num_classes)
 
 
 def logit_loss(logits: torch.Tensor, y: torch.Tensor, class_logits: torch.Tensor,
@@ -98,6 +110,17 @@ class LogitStore:
             seen = self.counts > 0
             self.sums[seen] /= self.counts[seen, None]
             self.counts[seen] = 1
+
+    def add_sums(self, sums: np.ndarray, counts: np.ndarray, uploads: int) -> None:
+        """Take several uploads at once, as their per-class sums and counts (all that secure
+        aggregation shows the server). Exact for ``all`` only: ``running-mean`` may collapse
+        between two uploads of one sum, ``latest-per-client`` replaces a client's own vectors
+        (the card refuses both with secure aggregation)."""
+        if self.policy != "all":
+            raise ValueError(f"the {self.policy!r} store needs each upload, not their sum")
+        self.sums += sums
+        self.counts += counts
+        self.uploads += uploads
 
     def averages(self) -> tuple[np.ndarray, np.ndarray]:
         """(labels [S], mean logits [S, C]) for every class with at least one vector."""
@@ -153,4 +176,18 @@ class FedHe(FedStrategy):
                 rows.setdefault(c, []).append(vector)
             robust = self.robust_class_means(rows)
             logits = np.stack([robust[int(c)] for c in labels])
+        self.publish(labels, logits)
+
+    def publish(self, labels: np.ndarray, logits: np.ndarray) -> None:
+        """What every client is sent from now on: the store's per-class averages."""
         self._payload = {"logits": logits, "labels": labels} if len(labels) else {}
+
+    def secure_layout(self) -> dict[str, tuple[int, ...]]:
+        return secure_aggregation.class_table_layout(self.num_classes, (self.num_classes,))
+
+    def aggregate_sums(self, server_round: int, sums: Payload, uploads: list[Upload]) -> None:
+        # fedhe.history = 'all' (the card refuses the other stores with secure aggregation):
+        # the store is per-class sums and counts, which grow by the round's, as they would
+        # upload by upload.
+        self.store.add_sums(*secure_aggregation.holder_sums(sums), len(uploads))
+        self.publish(*self.store.averages())
