@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fedapp.config import ConfigError, RunConfig, UploadLayout, opt
 from fedapp.runtime.recipes import HTFLLIB
-from strategies import NOT_BUILT, Method
+from strategies import Method
 
 
 # FedL2G's run_me.sh: the server's step size per variant.
@@ -68,5 +68,5 @@ METHOD = Method("learnable per-class guiding vectors (features or logits) the se
                 strategy_class="FedL2G", client_class="FedL2GClient", settings=FedL2GSettings,
                 recipe={**HTFLLIB, "grad-clip": 100.0},
                 payload_kinds=("class-rows",),
-                secure_aggregation=NOT_BUILT,
+                secure_aggregation="fixed-layout",
                 upload_layout=UploadLayout(labels="labels", rows=("meta-gradients",)))

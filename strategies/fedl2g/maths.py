@@ -33,6 +33,11 @@ are untouched.
 Traffic per client per round: up the nonzero rows, S*m floats plus their S labels (32-bit) for S
 classes in the study batches (at most 10 * 512 floats = 20,480 bytes for ``feat`` at d = 512,
 C = 10; 400 bytes for ``logit``); down V, C*m floats.
+
+With ``secure-aggregation`` the client sends a table of all C classes instead (its rows where
+it sent them, zeros elsewhere, a weight and a holders column of 1 for the classes sent): summed
+over the survivors, row c over its weight is the same per-class mean over the senders, and the
+clip and the step act on that mean as they do without it (docs/privacy.md).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from fedapp.runtime import secure_aggregation
 from fedapp.runtime.client_base import FedClient
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -155,6 +161,14 @@ class FedL2GClient(FedClient):
         return {LABELS: rows.cpu().numpy().astype(np.int32),
                 GRADS: self.meta[rows].cpu().numpy().astype(np.float32)}
 
+    def secure_upload(self, upload: Payload) -> Payload:
+        # With secure-aggregation: a table of all C classes, its rows in the rows of the
+        # classes it sent, each counting once (weight 1), so that the server's sums give the
+        # same per-class mean over the senders (FedL2G.aggregate_sums).
+        labels = upload[LABELS]
+        return secure_aggregation.class_table(labels, upload[GRADS], np.ones(len(labels)),
+                                              self.num_classes)
+
 
 class FedL2G(FedStrategy):
     """Averages the meta-gradients per class and steps the guiding vectors."""
@@ -209,9 +223,26 @@ class FedL2G(FedStrategy):
                     rows.setdefault(int(c), []).append(row)
             for c, row in self.robust_class_means(rows).items():
                 mean[c] = row
+        self.step_guide(mean)
+
+    def secure_layout(self) -> dict[str, tuple[int, ...]]:
+        return secure_aggregation.class_table_layout(self.num_classes, (self.dim,))
+
+    def aggregate_sums(self, server_round: int, sums: Payload, uploads: list[Upload]) -> None:
+        # The same per-class mean over the senders as aggregate, from the sums of the
+        # survivors' class tables (zero where no survivor sent the class); the clip and the
+        # step act on that mean, as they do without secure aggregation.
+        mean = np.zeros((self.num_classes, self.dim), np.float64)
+        for c, row in secure_aggregation.class_means_from_sums(sums).items():
+            mean[c] = row
+        self.step_guide(mean)
+
+    def step_guide(self, mean: np.ndarray) -> None:
+        """The server's step on the guiding vectors from the round's [C, m] mean
+        meta-gradient: the whole matrix clipped to norm 100, then ``V <- V - eta_s * G``."""
         norm = float(np.linalg.norm(mean))
         if norm > SERVER_CLIP:
-            mean *= SERVER_CLIP / (norm + 1e-6)  # as torch's clip_grad_norm_
+            mean = mean * (SERVER_CLIP / (norm + 1e-6))  # as torch's clip_grad_norm_
         self.guide = (self.guide.double() - self.settings.eta_s() * torch.from_numpy(mean)
                       ).float()
         self._payload = {GUIDE: self.guide.numpy().copy()}
