@@ -256,7 +256,7 @@ def test_fedapp_settings_shows_the_secure_aggregation_settings():
     (dict(method="fedgh"), ["'fedgh'", "individual", "Methods that take it: ",
                             "fedproto", "fedavg"]),
     (dict(method="fedkd"), ["'fedkd'", "SVD factors"]),
-    (dict(method="fedl2g"), ["'fedl2g'", "not built yet"]),
+    (dict(method="fedper"), ["'fedper'", "not built yet"]),
     (dict(method="standalone"), ["'standalone'", "upload nothing"]),
     (dict(method="fedhe", server_loop="async"), ["server-loop = 'async'", "'fedhe'",
                                                  "no cohort to sum"]),
