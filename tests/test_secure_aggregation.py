@@ -131,9 +131,8 @@ def assert_initial_model(strategy) -> None:
         np.testing.assert_array_equal(strategy.global_model[name], want)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The runs the tests compare, each made once."""
+def run_cache(tmp_path_factory):
+    """``get(name, **overrides)``: the run of that name, made once (a module's fixture)."""
     made = {}
 
     def get(name, **kwargs):
@@ -141,6 +140,12 @@ def runs(tmp_path_factory):
             made[name] = run(tmp_path_factory.mktemp(name), name, **kwargs)
         return made[name]
     return get
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The runs the tests compare, each made once."""
+    return run_cache(tmp_path_factory)
 
 
 # -- the sums are the plain aggregate, within the quantisation error ---------------------------
@@ -256,7 +261,7 @@ def test_fedapp_settings_shows_the_secure_aggregation_settings():
     (dict(method="fedgh"), ["'fedgh'", "individual", "Methods that take it: ",
                             "fedproto", "fedavg"]),
     (dict(method="fedkd"), ["'fedkd'", "SVD factors"]),
-    (dict(method="fedper"), ["'fedper'", "not built yet"]),
+    (dict(method="felo"), ["'felo'", "not built yet"]),
     (dict(method="standalone"), ["'standalone'", "upload nothing"]),
     (dict(method="fedhe", server_loop="async"), ["server-loop = 'async'", "'fedhe'",
                                                  "no cohort to sum"]),
@@ -278,7 +283,8 @@ def test_fedapp_methods_says_which_methods_take_secure_aggregation(capsys):
     from fedapp.cli.main import main
     assert main(["methods"]) == 0
     assert ("secure-aggregation = true (the server sees only sums, docs/privacy.md) runs: "
-            "dsfl, fd, fedavg, fedclassavg, fedhe, fedl2g, fedmd, fedmrl, fedproto, fml, "
+            "compfl, dsfl, fd, fedavg, fedclassavg, fedhe, fedl2g, fedmd, fedmrl, fedper, "
+            "fedproto, fedrep, fml, "
             "lg-fedavg\n"
             ) in capsys.readouterr().out
 
@@ -288,8 +294,8 @@ def test_every_method_card_declares_whether_its_server_works_from_sums():
         assert method.secure_aggregation, name
     takes = sorted(n for n, m in METHODS.items()
                    if m.secure_aggregation in ("as-is", "fixed-layout"))
-    assert takes == ["dsfl", "fd", "fedavg", "fedclassavg", "fedhe", "fedl2g", "fedmd",
-                     "fedmrl", "fedproto", "fml", "lg-fedavg"]
+    assert takes == ["compfl", "dsfl", "fd", "fedavg", "fedclassavg", "fedhe", "fedl2g",
+                     "fedmd", "fedmrl", "fedper", "fedproto", "fedrep", "fml", "lg-fedavg"]
 
 
 # -- the dense layout, by hand ------------------------------------------------------------------

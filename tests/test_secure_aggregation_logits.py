@@ -16,8 +16,14 @@ from fedapp.runtime.strategy_base import ClientInfo, Upload
 from strategies import METHODS, load_config
 from strategies.fd.maths import SENT_KEY, without_rows
 from tests.conftest import InProcessFederation, make_strategy
-from tests.test_secure_aggregation import COLLECT, flat_config, step
-from tests.test_secure_aggregation import runs  # noqa: F401 (the fixture: each run made once)
+from tests.test_secure_aggregation import COLLECT, flat_config, run_cache, step
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The runs the tests compare, each made once."""
+    return run_cache(tmp_path_factory)
+
 
 # Dirichlet(0.5) label skew over two architectures: not every client holds every class.
 SKEWED = dict(arch_mix="cnn1,cnn2")

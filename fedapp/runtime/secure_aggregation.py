@@ -202,6 +202,58 @@ def holder_sums(sums: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]
     return sums[ROWS], np.rint(sums[HOLDERS])
 
 
+# -- per-group tables: one model per group (FedPer/FedRep's architectures, CompFL's experts) ---
+# A group's layout: its arrays' names and shapes; a run's groups: {group: layout}, in one order
+# that every party derives from the run config (the mapping's order is the columns' order).
+GroupLayouts = Mapping[str, Mapping[str, tuple[int, ...]]]
+
+
+def group_table(groups: GroupLayouts, group: str, arrays: Mapping[str, np.ndarray],
+                weight: float) -> Payload:
+    """The dense upload of a client whose server averages uploads within groups of the same
+    layout: every group's arrays under ``"<group>/<name>"``, ``weight * arrays`` in the slot
+    of its own ``group`` and zeros in every other, a weight column (``SUM_WEIGHT``, [G]) and
+    a holders column (``HOLDERS``, [G], 1 for its own group). Summed, a group's arrays over
+    its weight are its weighted mean over the survivors that wrote into it, and its holders
+    entry counts them (far above the quantisation error, where a small weight may not be).
+    Raises ValueError if ``arrays`` is not the layout of ``group``."""
+    if group not in groups:
+        raise ValueError(f"group {group!r} is not one of the run's {list(groups)}")
+    layout = groups[group]
+    shapes = {name: tuple(np.shape(a)) for name, a in arrays.items()}
+    if shapes != {name: tuple(shape) for name, shape in layout.items()}:
+        raise ValueError(f"the arrays of group {group!r} do not have its layout: "
+                         f"{sorted(set(shapes) ^ set(layout))} differ in name, or a shape does")
+    table = {f"{g}/{name}": (weight * np.asarray(arrays[name], np.float64) if g == group
+                             else np.zeros(shape, np.float64))
+             for g, g_layout in groups.items() for name, shape in g_layout.items()}
+    column = np.zeros(len(groups), np.float64)
+    holders = np.zeros(len(groups), np.float64)
+    index = list(groups).index(group)
+    column[index], holders[index] = weight, 1.0
+    return {**table, SUM_WEIGHT: column, HOLDERS: holders}
+
+
+def group_table_layout(groups: GroupLayouts) -> dict[str, tuple[int, ...]]:
+    """The layout of :func:`group_table`."""
+    layout = {f"{g}/{name}": tuple(shape) for g, g_layout in groups.items()
+              for name, shape in g_layout.items()}
+    if SUM_WEIGHT in layout or HOLDERS in layout:  # a group named "secagg" with such an array
+        raise ValueError(f"a group's array is named as the table's column {SUM_WEIGHT!r} or "
+                         f"{HOLDERS!r}")
+    return {**layout, SUM_WEIGHT: (len(groups),), HOLDERS: (len(groups),)}
+
+
+def group_means_from_sums(sums: Mapping[str, np.ndarray], groups: GroupLayouts
+                          ) -> dict[str, Payload]:
+    """{group: {name: weighted mean (float64)}} of the groups some survivor wrote into, from
+    summed :func:`group_table` uploads; a group without one is absent (its state stays)."""
+    column, holders = sums[SUM_WEIGHT], sums[HOLDERS]
+    return {g: {name: sums[f"{g}/{name}"] / column[i] for name in g_layout}
+            for i, (g, g_layout) in enumerate(groups.items())
+            if holders[i] >= 0.5 and column[i] > 0}
+
+
 # -- the client: Flower's mod, on the messages of the protocol only ------------------------------
 def client_mod(message: Message, context: Context, call_next) -> Message:
     """Flower's ``secaggplus_mod`` for the protocol's messages (TRAIN messages that carry its

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from fedapp.config import opt
 from fedapp.runtime.recipes import SGD_HALF
-from strategies import NOT_BUILT, Method
+from strategies import Method
 
 
 @dataclass(frozen=True)
@@ -54,4 +54,6 @@ METHOD = Method("experts ordered by size share per-architecture extractors; prot
                 recipe={**SGD_HALF, "weight-decay": 0.0005, "batch-size": 50,
                         "local-epochs": 5},
                 payload_kinds=("group-model",),
-                secure_aggregation=NOT_BUILT)
+                # In server mode: a table of every expert's extractor, the trained one
+                # in its slot (docs/privacy.md); walk and gossip sum nothing.
+                secure_aggregation="fixed-layout")

@@ -30,6 +30,10 @@ smaller ones it uses. Up: the trained extractor's parameters; down: the own and 
 experts' extractors. ``compfl.align``, ``compfl.greedy`` and ``compfl.kd`` switch the three
 components off one by one (the paper's Table 3 ablation).
 
+With ``secure-aggregation`` (rounds only) a client uploads FedPer's table of every expert's
+extractor instead, its trained one in that expert's slot (``CompFLClient.secure_upload``);
+the server's per-expert averages, from the sums, are the same.
+
 The client's steps are plain functions of models, tensors and settings (:func:`local_round`),
 independent of how the extractors arrive, so a device-to-device relay can call them too.
 
@@ -79,7 +83,8 @@ from fedapp.runtime.strategy_base import ClientInfo, Upload
 from fedapp.runtime.training import TrainStats, evaluate, recipe_optimizer, train_recipe
 from fedapp.seeding import derive_seed
 from strategies.compfl import CompFLSettings
-from strategies.fedper.maths import PerArchitectureExtractors, arrays_spec, extractor_arrays
+from strategies.fedper.maths import (PerArchitectureExtractors, arrays_spec, extractor_arrays,
+                                     secure_group_upload)
 
 HEAD_STATE_KEY = "compfl.head.{arch}"  # a client's private head of a smaller expert
 COPY_STATE_KEY = "compfl.copy.{arch}"  # device to device: its last copy of an expert
@@ -415,6 +420,12 @@ class CompFLClient(FedClient):
             return pack(self.update.arch, self.update.upload)
         # The next holder installs it: weights, never a delta.
         return pack(self.update.arch, self.trained_weights())
+
+    def secure_upload(self, upload: Payload) -> Payload:
+        # With secure-aggregation (server mode only): the trained expert's extractor, delta or
+        # weights, in that expert's slot of the table of every expert (fedper's layout).
+        [(arch, arrays)] = unpack(upload).items()
+        return secure_group_upload(self, arch, arrays)
 
     def trained_weights(self) -> Payload:
         return extractor_arrays(self.update.adapted[self.update.arch].model)

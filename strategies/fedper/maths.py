@@ -9,10 +9,23 @@ own model after local training.
 
 :class:`PerArchitectureExtractors` is the server side FedPer, FedRep and CompFL share: one
 global extractor per architecture, initialised from the seed and averaged per architecture.
+
+With ``secure-aggregation`` a client uploads a table of every architecture's extractor, its own
+trained one times n_k / S in its architecture's slot and zeros elsewhere, with a weight and a
+holders column per architecture (``fedapp.runtime.secure_aggregation.group_table``); the
+server's per-architecture averages are then ratios of the survivors' sums.
 """
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
+
+from fedapp.config import RunConfig
+from fedapp.data import setup
+from fedapp.data.local_data import expected_input
+from fedapp.runtime import secure_aggregation
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -27,6 +40,25 @@ def arrays_spec(arrays: Payload) -> dict[str, ArraySpec]:
     """The spec of an upload that must have exactly the names, shapes and kinds of ``arrays``."""
     return {name: ArraySpec(a.shape, "float" if a.dtype.kind == "f" else "int")
             for name, a in arrays.items()}
+
+
+@functools.lru_cache(maxsize=8)
+def extractor_layouts(cfg: RunConfig, input_shape: tuple[int, int, int], num_classes: int
+                      ) -> dict[str, dict[str, tuple[int, ...]]]:
+    """Every architecture's extractor layout (name -> shape), architectures sorted by name:
+    the groups of a secure-aggregation table, which the server and every client derive alike
+    from the run config (a client knows no other architecture's model otherwise)."""
+    return {arch: {name: a.shape for name, a in extractor_arrays(
+                setup.new_model(cfg, arch, input_shape, num_classes, "layout")).items()}
+            for arch in sorted(set(setup.architectures(cfg)))}
+
+
+def secure_group_upload(client: FedClient, group: str, arrays: Payload) -> Payload:
+    """A client's secure upload: the extractor ``arrays`` it trained, of architecture
+    ``group``, in that group's slot of the table of every architecture, weighted by n_k / S
+    (the n_k of the plain average)."""
+    groups = extractor_layouts(client.cfg, *expected_input(client.cfg))
+    return secure_aggregation.group_table(groups, group, arrays, client.secure_weight())
 
 
 class PerArchitectureExtractors(FedStrategy):
@@ -66,6 +98,22 @@ class PerArchitectureExtractors(FedStrategy):
         for arch, average in averages.items():
             self.extractors[arch] = self.merge(arch, average)
 
+    def secure_layout(self) -> dict[str, tuple[int, ...]]:
+        return secure_aggregation.group_table_layout(
+            extractor_layouts(self.cfg, self.input_shape, self.num_classes))
+
+    def aggregate_sums(self, server_round: int, sums: Payload, uploads: list[Upload]) -> None:
+        # The same n_k-weighted averages within each architecture as aggregate, from the sums
+        # of the survivors' tables (in the wire dtypes, as weighted_average returns them); an
+        # architecture no survivor trained keeps its extractor.
+        means = secure_aggregation.group_means_from_sums(
+            sums, extractor_layouts(self.cfg, self.input_shape, self.num_classes))
+        for arch, mean in means.items():
+            like = self.extractors[arch]
+            self.extractors[arch] = self.merge(arch, {
+                name: np.rint(a).astype(np.int64) if like[name].dtype.kind in "iu"
+                else a.astype(np.float32) for name, a in mean.items()})
+
 
 class FedPerClient(FedClient):
     """Installs its architecture's global extractor, trains everything, uploads the extractor."""
@@ -75,6 +123,9 @@ class FedPerClient(FedClient):
 
     def upload(self) -> Payload:
         return extractor_arrays(self.model)
+
+    def secure_upload(self, upload: Payload) -> Payload:
+        return secure_group_upload(self, self.arch, upload)
 
 
 class FedPer(PerArchitectureExtractors):
