@@ -342,6 +342,14 @@ def check_secure_aggregation(cfg: RunConfig, method: Method) -> None:
             "Methods that take it: " + ", ".join(
                 n for n, m in known_methods().items() if m.secure_aggregation in SECURE_FORMS)
             + " (docs/privacy.md).")
+    # A method's own settings may make its server need individual uploads (a history of
+    # them, say): its settings class says why (``secure_aggregation_conflict``).
+    conflict = getattr(cfg.settings, "secure_aggregation_conflict", None)
+    why = conflict(cfg) if conflict is not None else None
+    if why:
+        raise ConfigError(
+            f"setting secure-aggregation = true is invalid for method {cfg.method!r} with "
+            f"{why} (docs/privacy.md).")
     if cfg.differential_privacy:
         raise ConfigError(
             "setting differential-privacy = true is invalid with secure-aggregation = true "

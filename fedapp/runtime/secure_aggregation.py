@@ -188,6 +188,59 @@ def weighted_mean(sums: Mapping[str, np.ndarray]) -> Payload:
     return {name: array / total for name, array in sums.items() if name != SUM_WEIGHT}
 
 
+# Per-group weighted slots: one model per group (Felo's architecture groups). Every client
+# sends a slot for every group of the run, its own filled with ``weight * model`` and the
+# weight, the others zeros; a holders count per group says which groups some survivor is in
+# (a count, far above the quantisation error, where a small weight may not be).
+def _group_name(group: str, name: str) -> str:
+    return f"group/{group}/{name}"
+
+
+def group_slots(own: str, payload: Mapping[str, np.ndarray], weight: float,
+                layouts: Mapping[str, Mapping[str, tuple[int, ...]]]) -> Payload:
+    """The dense upload of one group's model: for every group ``g`` of ``layouts`` ({group:
+    {array name: shape}}), ``weight * payload`` in group ``own``'s slot and zeros in the
+    others, plus each group's weight and holders (1 for ``own``). The server no longer learns
+    which group a survivor's model averaged into."""
+    dense: Payload = {}
+    for group, layout in layouts.items():
+        mine = group == own
+        for name, shape in layout.items():
+            dense[_group_name(group, name)] = (np.asarray(payload[name], np.float64) * weight
+                                               if mine else np.zeros(shape, np.float64))
+        dense[_group_name(group, SUM_WEIGHT)] = np.array([weight if mine else 0.0])
+        dense[_group_name(group, HOLDERS)] = np.array([1.0 if mine else 0.0])
+    return dense
+
+
+def group_slots_layout(layouts: Mapping[str, Mapping[str, tuple[int, ...]]]
+                       ) -> dict[str, tuple[int, ...]]:
+    """The layout of :func:`group_slots`."""
+    out = {}
+    for group, layout in layouts.items():
+        out.update({_group_name(group, name): tuple(shape) for name, shape in layout.items()})
+        out[_group_name(group, SUM_WEIGHT)] = out[_group_name(group, HOLDERS)] = (1,)
+    return out
+
+
+def group_means_from_sums(sums: Mapping[str, np.ndarray],
+                          references: Mapping[str, Mapping[str, np.ndarray]]
+                          ) -> dict[str, Payload]:
+    """{group: weighted mean model} of the groups some survivor is in, from summed
+    :func:`group_slots` uploads; ``references`` ({group: a model}) gives each array's dtype,
+    as the plain average keeps it (float32, integer counters rounded back to int64)."""
+    out = {}
+    for group, reference in references.items():
+        total = float(sums[_group_name(group, SUM_WEIGHT)][0])
+        if sums[_group_name(group, HOLDERS)][0] < 0.5 or total <= 0:
+            continue
+        out[group] = {name: (np.rint(mean).astype(np.int64) if array.dtype.kind in "iu"
+                             else mean.astype(np.float32))
+                      for name, array in reference.items()
+                      for mean in [sums[_group_name(group, name)] / total]}
+    return out
+
+
 # -- the client: Flower's mod, on the messages of the protocol only ------------------------------
 def client_mod(message: Message, context: Context, call_next) -> Message:
     """Flower's ``secaggplus_mod`` for the protocol's messages (TRAIN messages that carry its

@@ -47,6 +47,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedapp.data import setup
+from fedapp.data.local_data import expected_input
+from fedapp.runtime import secure_aggregation
 from fedapp.runtime.class_stats import ClassSums, class_target_mse
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
@@ -107,6 +110,32 @@ class FeloClient(FedClient):
         if self.cfg.settings.group_avg:
             payload.update(state_arrays(self.model))
         return payload
+
+    def secure_upload(self, upload: Payload) -> Payload:
+        # With secure-aggregation (history = "latest-round", the card's refusal): a table of all
+        # C classes, row c = [s_kc, p_kc] with weight 1 (the plain store averages its entries
+        # without weights), and the model in its architecture's slot weighted by n_k over a
+        # public scale, so that the sums give the server the same tables and group models
+        # (Felo.aggregate_sums).
+        labels = upload[LABELS]
+        rows = np.concatenate([upload[FEATURES], upload[LOGITS]], 1)
+        dense = secure_aggregation.class_table(labels, rows, np.ones(len(labels)),
+                                               self.num_classes)
+        if self.cfg.settings.group_avg:
+            dense.update(secure_aggregation.group_slots(
+                self.arch, model_part(upload), self.secure_weight(), self.group_layouts()))
+        return dense
+
+    def group_layouts(self) -> dict[str, dict[str, tuple[int, ...]]]:
+        """{architecture: {array name: shape}} of every architecture of the run (the slots of
+        the secure upload), from models built as the server builds its group models."""
+        if getattr(self, "_group_layouts", None) is None:
+            shape, classes = expected_input(self.cfg)
+            self._group_layouts = {
+                arch: {name: a.shape for name, a in state_arrays(
+                    setup.new_model(self.cfg, arch, shape, classes, "server")).items()}
+                for arch in sorted(set(setup.architectures(self.cfg)))}
+        return self._group_layouts
 
 
 def distillation_loss(features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor,
@@ -213,6 +242,34 @@ class Felo(FedStrategy):
             self.group_models.update(self.average_per_group(
                 [u.client.arch for u in uploads], [model_part(u.payload) for u in uploads],
                 [u.num_examples for u in uploads], references=self.group_models))
+        self.update_tables(server_round)
+
+    def secure_layout(self) -> dict[str, tuple[int, ...]]:
+        layout = secure_aggregation.class_table_layout(
+            self.num_classes, (self.feature_dim + self.num_classes,))
+        if self.settings.group_avg:
+            layout.update(secure_aggregation.group_slots_layout(
+                {arch: {name: a.shape for name, a in model.items()}
+                 for arch, model in self.group_models.items()}))
+        return layout
+
+    def aggregate_sums(self, server_round: int, sums: Payload, uploads: list[Upload]) -> None:
+        # history = "latest-round": a class of this round is stored as the one mean of its
+        # holders' entries, which is what the store's mean over them is; the other classes
+        # keep their entries. Each group model is the n_k-weighted mean of its survivors.
+        means = secure_aggregation.class_means_from_sums(sums)
+        labels = np.array(sorted(means), np.int64)
+        rows = (np.stack([means[c] for c in labels]) if len(labels) else
+                np.zeros((0, self.feature_dim + self.num_classes), np.float32))
+        self.store.add_round([(labels, rows[:, :self.feature_dim], rows[:, self.feature_dim:])])
+        if self.settings.group_avg:
+            self.group_models.update(secure_aggregation.group_means_from_sums(
+                sums, self.group_models))
+        self.update_tables(server_round)
+
+    def update_tables(self, server_round: int) -> None:
+        """The tables s[c], p[c] sent down: the store's per-class means (or the robust
+        rule's combination of each class's entries)."""
         labels, features, logits = self.store.means()
         if self.robust.rule != "none" and len(labels):
             # Per class over its stored entries (the history holds an attacker's too).
