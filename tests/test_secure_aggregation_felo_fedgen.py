@@ -103,3 +103,115 @@ def test_group_slots_sums_give_each_groups_weighted_mean():
     assert means["a"]["n"].dtype == np.int64 and means["a"]["n"][0] == 5  # (0.5 * 4 + 0.25 * 7) / 0.75
     assert means["a"]["w"].dtype == np.float32
     np.testing.assert_allclose(means["b"]["w"], [3.0, 3.0])
+
+
+# -- FedGen --------------------------------------------------------------------------------------
+# dirichlet(0.5) label skew; a small G trained briefly (what it is trained on is compared)
+FEDGEN = {"method": "fedgen", "arch_mix": "cnn1,cnn2", "fedgen.server-steps": 2,
+          "fedgen.hidden-dim": 16}
+
+
+def _fedgen_run(tmp_path, monkeypatch, name, **overrides):
+    """A FedGen run, with what its server trained G on: (strategy, records, the teacher heads
+    and label pool of train_generator's last call)."""
+    from strategies.fedgen import maths
+    seen = {}
+    train = maths.train_generator
+
+    def spy(generator, ensemble, pool, *args, **kwargs):
+        seen.update(ensemble=ensemble, pool=pool.copy())
+        return train(generator, ensemble, pool, *args, **kwargs)
+    monkeypatch.setattr(maths, "train_generator", spy)
+    strategy, records, _ = run(tmp_path / name, name, **FEDGEN, **overrides)
+    return strategy, records, seen
+
+
+def test_fedgen_secure_head_and_teachers_equal_the_plain_ones(tmp_path, monkeypatch):
+    plain, _, want = _fedgen_run(tmp_path, monkeypatch, "plain")
+    secure, records, got = _fedgen_run(tmp_path, monkeypatch, "secure", secure_aggregation=True)
+    assert records[0]["secure_aggregation"] == {"survivors": [0, 1, 2, 3]}
+    counts = _class_counts(secure)
+    assert (counts == 0).any()  # label skew: the teachers differ from label to label
+    # The label histograms come back as exact integers: the round's pool G's labels are
+    # drawn from, and the pool of every client the server knows (all 4 asked in round 1).
+    np.testing.assert_array_equal(got["pool"], counts.sum(0))
+    np.testing.assert_array_equal(got["pool"], want["pool"])
+    np.testing.assert_array_equal(secure.known_pool(), plain.known_pool())
+    assert secure.reported == plain.reported == {0, 1, 2, 3} and secure.label_counts == {}
+    # The global head: weights n_k / weight_scale sum to S_w; each survivor's values and
+    # weight are off by less than one step: off by at most 4 step (1 + |mean|) / S_w.
+    scale = max(secure.train_sizes)
+    s_w = sum(secure.train_sizes) / scale
+    changed = 0
+    for name, array in plain.global_head.items():
+        tol = 4 * step() * (1 + np.abs(array).max()) / s_w + 1e-6
+        np.testing.assert_allclose(secure.global_head[name], array, rtol=0, atol=tol)
+        changed += int(not np.array_equal(secure.global_head[name], array))
+    # Label y's teacher head: weights n_k^y / weight_scale, the same bound over their sum.
+    for part, (got_part, want_part) in enumerate(zip(got["ensemble"], want["ensemble"])):
+        for y in range(10):
+            tol = 4 * step() * (1 + np.abs(want_part[y]).max()) / (counts[:, y].sum() / scale)
+            np.testing.assert_allclose(got_part[y], want_part[y], rtol=0, atol=tol + 1e-6,
+                                       err_msg=f"teacher {y} ({part})")
+        changed += int(not np.array_equal(got_part, want_part))
+    assert changed, "SecAgg+ quantises: a bit-identical result means it never ran"
+    # Each masked upload: the weighted head (C x d + C) and its weight; a table of C teacher
+    # rows (C x d + C each), C weights, C holders; two C-count columns; SecAgg+'s own weight.
+    head = 10 * 16 + 10
+    assert records[0]["bytes_up"] == 4 * 8 * (head + 1 + 10 * head + 10 + 10 + 2 * 10 + 1)
+
+
+def test_fedgen_with_per_client_teacher_weights_sends_only_the_head(tmp_path, monkeypatch):
+    # teacher-weights = "samples": every label's teacher is the n_k-weighted mean head, which
+    # the weighted head gives; the pool is every known client's, which the new counts give.
+    plain, _, want = _fedgen_run(tmp_path, monkeypatch, "plain-samples",
+                                 **{"fedgen.teacher-weights": "samples"})
+    secure, records, got = _fedgen_run(tmp_path, monkeypatch, "secure-samples",
+                                       secure_aggregation=True,
+                                       **{"fedgen.teacher-weights": "samples"})
+    np.testing.assert_array_equal(got["pool"], want["pool"])
+    s_w = sum(secure.train_sizes) / max(secure.train_sizes)
+    for got_part, want_part in zip(got["ensemble"], want["ensemble"]):
+        tol = 4 * step() * (1 + np.abs(want_part).max()) / s_w + 1e-6
+        np.testing.assert_allclose(got_part, want_part, rtol=0, atol=tol)
+    assert records[0]["bytes_up"] == 4 * 8 * (10 * 16 + 10 + 1 + 10 + 1)
+
+
+def test_teacher_heads_give_the_ensembles_logits():
+    # Linear heads: label y's teacher sum_k w[y, k] h_k gives the logits
+    # sum_k w[y, k] (W_k z + b_k) of the ensemble, for every feature z.
+    from strategies.fedgen.maths import ensemble_heads
+    rng = np.random.default_rng(0)
+    heads = [{"head.weight": rng.normal(size=(3, 2)).astype(np.float32),
+              "head.bias": rng.normal(size=3).astype(np.float32)} for _ in range(2)]
+    weights = np.array([[1.0, 0.0], [0.25, 0.75], [0.0, 0.0]])  # nobody holds label 2
+    teacher_w, teacher_b = ensemble_heads(heads, weights)
+    z = np.array([0.5, -2.0])
+    for y in range(3):
+        want = sum(weights[y, k] * (h["head.weight"] @ z + h["head.bias"])
+                   for k, h in enumerate(heads))
+        np.testing.assert_allclose(teacher_w[y] @ z + teacher_b[y], want, rtol=1e-6,
+                                   atol=1e-6)
+    np.testing.assert_array_equal(teacher_w[2], 0)
+
+
+def test_fedgen_secure_upload_layout_by_hand():
+    # Two clients, C = 2, d = 1, weight scale 4: A holds labels (3, 1), B (0, 2). The
+    # summed teacher rows over their weights are the label-weighted heads; the counts
+    # come back exactly.
+    from strategies.fedgen.maths import counts_from_sum
+    heads = {"a": (np.array([[1.0], [2.0]]), np.array([0.5, -0.5])),
+             "b": (np.array([[3.0], [-1.0]]), np.array([0.0, 1.0]))}
+    histograms = {"a": np.array([3, 1]), "b": np.array([0, 2])}
+    tables = {k: secure_aggregation.class_table(
+        np.flatnonzero(histograms[k]),
+        np.tile(np.concatenate([heads[k][0].ravel(), heads[k][1]]),
+                (int((histograms[k] > 0).sum()), 1)),
+        histograms[k][histograms[k] > 0] / 4, 2) for k in heads}
+    sums = {name: tables["a"][name] + tables["b"][name] for name in tables["a"]}
+    teachers = secure_aggregation.class_means_from_sums(sums)
+    np.testing.assert_allclose(teachers[0], [1.0, 2.0, 0.5, -0.5])  # label 0: A alone
+    # label 1: weights 1/4 (A) and 2/4 (B): (1 * A + 2 * B) / 3
+    np.testing.assert_allclose(teachers[1], [(1 + 6) / 3, (2 - 2) / 3, 0.5 / 3, 1.5 / 3])
+    np.testing.assert_array_equal(
+        counts_from_sum((histograms["a"] + histograms["b"]) / 3 + 1e-6, 3), [3, 3])

@@ -42,12 +42,15 @@ lists the settings that reproduce HtFLlib.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedapp.data import setup
+from fedapp.runtime import secure_aggregation
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -60,6 +63,10 @@ GENERATOR_PREFIX = "generator."
 LABEL_POOL = "label-pool"          # down: the label histogram pooled over every known client
 LABEL_COUNTS = "label-counts"      # up, once: the client's own label histogram
 SEND_COUNTS = "send-label-counts"  # down: the server has no histogram of this client yet
+# With secure-aggregation, the arrays of the fixed layout besides the weighted head: the
+# per-label teacher heads (a class table), the round's label histogram and the histogram of a
+# client the server asked for it (zeros otherwise).
+TEACHERS, ROUND_COUNTS, NEW_COUNTS = "teachers/", "label-counts/round", "label-counts/new"
 
 
 class Generator(nn.Module):
@@ -112,17 +119,28 @@ def teacher_weights(counts: np.ndarray, num_examples: np.ndarray, mode: str) -> 
     return np.divide(per_label, totals, out=np.zeros_like(per_label), where=totals > 0)
 
 
-def train_generator(generator: Generator, heads: list[Payload], weights: np.ndarray,
+def ensemble_heads(heads: list[Payload], weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The teacher of each label y as one head: ``sum_k w[y, k] h_k``, weight ``[C, C, d]`` and
+    bias ``[C, C]`` (``weights`` ``[C, K]``, :func:`teacher_weights`). Heads are linear, so
+    this head's logits of a feature z are the ensemble's, ``sum_k w[y, k] (W_k z + b_k)``: the
+    generator's training sees the heads only through these C heads (which secure aggregation
+    sums, ``FedGen.aggregate_sums``)."""
+    stacked_w = np.stack([h["head.weight"] for h in heads]).astype(np.float64)  # [K, C, d]
+    stacked_b = np.stack([h["head.bias"] for h in heads]).astype(np.float64)    # [K, C]
+    return (np.einsum("yk,kcd->ycd", weights, stacked_w).astype(np.float32),
+            np.einsum("yk,kc->yc", weights, stacked_b).astype(np.float32))
+
+
+def train_generator(generator: Generator, ensemble: tuple[np.ndarray, np.ndarray],
                     pool: np.ndarray, settings: FedGenSettings, batch_size: int,
                     seed: int) -> float:
     """``server-steps`` Adam steps of G on the ensemble's cross-entropy (+ diversity); a new
-    Adam each round (HtFLlib's) on the persistent G. ``weights`` is ``[C, K]``
-    (:func:`teacher_weights`), ``pool`` the histogram the labels are drawn from. Returns the
+    Adam each round (HtFLlib's) on the persistent G. ``ensemble`` is each label's teacher head
+    (:func:`ensemble_heads`), ``pool`` the histogram the labels are drawn from. Returns the
     last step's ensemble cross-entropy."""
     rng = torch.Generator().manual_seed(seed)
-    w = torch.from_numpy(weights.astype(np.float32))
-    stacked_w = torch.stack([torch.from_numpy(h["head.weight"]) for h in heads])  # [K, C, d]
-    stacked_b = torch.stack([torch.from_numpy(h["head.bias"]) for h in heads])    # [K, C]
+    teacher_w = torch.from_numpy(ensemble[0])  # [C, C, d]: label y's teacher head
+    teacher_b = torch.from_numpy(ensemble[1])  # [C, C]
     histogram = torch.from_numpy(pool.astype(np.int64))
     optimizer = torch.optim.Adam(generator.parameters(), lr=settings.server_lr,
                                  betas=(0.9, 0.999))
@@ -132,10 +150,10 @@ def train_generator(generator: Generator, heads: list[Payload], weights: np.ndar
         labels = sample_labels(histogram, batch_size, rng)
         eps = sample_noise(batch_size, settings.noise_dim, settings.noise, rng)
         features = generator(labels, eps)
-        # Every head's logits [K, B, C], weighted per sample by its label's weights.
-        logits = torch.einsum("bd,kcd->kbc", features, stacked_w) + stacked_b[:, None, :]
-        ensemble = (w[labels].T[:, :, None] * logits).sum(0)
-        ce = F.cross_entropy(ensemble, labels)
+        # Each sample's logits [B, C] by the teacher of its label.
+        ensemble_logits = (torch.einsum("bd,bcd->bc", features, teacher_w[labels])
+                           + teacher_b[labels])
+        ce = F.cross_entropy(ensemble_logits, labels)
         loss = (ce + settings.diversity * diversity_loss(eps, features)
                 if settings.diversity > 0 else ce)
         optimizer.zero_grad(set_to_none=True)
@@ -198,9 +216,46 @@ class FedGenClient(FedClient):
     def upload(self) -> Payload:
         payload = state_arrays(self.model, list(HEAD))
         if self.send_counts:
-            payload[LABEL_COUNTS] = np.bincount(self.data.train_y.cpu().numpy(),
-                                                minlength=self.num_classes).astype(np.int32)
+            payload[LABEL_COUNTS] = self.histogram().astype(np.int32)
         return payload
+
+    def histogram(self) -> np.ndarray:
+        """n_k^y: the client's training samples of each label."""
+        return np.bincount(self.data.train_y.cpu().numpy(), minlength=self.num_classes)
+
+    def secure_upload(self, upload: Payload) -> Payload:
+        # With secure-aggregation: the head weighted by n_k over a public scale (the global
+        # head), and with per-label teachers the head weighted by n_k^y in row y of a table of
+        # every label (the teacher of y: FedGen.aggregate_sums); the histogram over a scale
+        # that keeps counts integral through the sum: every round ('label': the round's pool)
+        # and when the server asked for it (the pool of every client it knows).
+        histogram, scale = self.histogram(), secure_aggregation.weight_scale(self.cfg)
+        head = {k: upload[k] for k in HEAD}
+        dense = secure_aggregation.weighted(head, self.secure_weight())
+        per_count = count_scale(self.cfg)
+        if self.cfg.settings.teacher_weights == "label":
+            held = np.flatnonzero(histogram)
+            row = np.concatenate([head["head.weight"].ravel(), head["head.bias"]])
+            table = secure_aggregation.class_table(held, np.tile(row, (len(held), 1)),
+                                                   histogram[held] / scale, self.num_classes)
+            dense.update({TEACHERS + k: v for k, v in table.items()})
+            dense[ROUND_COUNTS] = histogram / per_count
+        dense[NEW_COUNTS] = (histogram / per_count if LABEL_COUNTS in upload
+                             else np.zeros(self.num_classes))
+        return dense
+
+
+def count_scale(cfg) -> int:
+    """The public divisor of label counts in a secure upload: the least integer that keeps any
+    client's count within upload-max-abs, so that the summed counts, times it, round back to
+    the exact integers (each survivor's count is off by less than one quantisation step
+    times this divisor)."""
+    return max(1, math.ceil(secure_aggregation.weight_scale(cfg) / cfg.upload_max_abs))
+
+
+def counts_from_sum(summed: np.ndarray, scale: int) -> np.ndarray:
+    """Integer label counts from the sum of secure uploads' ``counts / scale``."""
+    return np.maximum(np.rint(summed * scale), 0).astype(np.int64)
 
 
 class FedGen(FedStrategy):
@@ -220,6 +275,8 @@ class FedGen(FedStrategy):
             self.generator = Generator(s.noise_dim, self.num_classes, s.hidden_dim,
                                        self.feature_dim)
         self.label_counts: dict[int, np.ndarray] = {}  # partition id -> its label histogram
+        # With secure-aggregation: the histograms reported, known only as their sum.
+        self.reported_pool = np.zeros(self.num_classes, np.int64)
         self.reported: set[int] = set()  # partition ids whose histogram came in an upload
         if s.label_pool == "partition":  # HtFLlib's: every client's labels known at start-up
             labels = setup.dataset(self.cfg).train_y.numpy()
@@ -237,6 +294,10 @@ class FedGen(FedStrategy):
         for pid in partitions:
             pool += self.label_counts[pid]
         return pool
+
+    def known_pool(self) -> np.ndarray:
+        """The label histogram pooled over every client the server knows."""
+        return self._pool(self.label_counts) + self.reported_pool
 
     def wants_counts(self, client: ClientInfo | None) -> bool:
         """Whether the server asks ``client`` for its label histogram: once, unless the
@@ -256,7 +317,7 @@ class FedGen(FedStrategy):
             if self.generator_sent:
                 payload.update({GENERATOR_PREFIX + k: v.detach().numpy().astype(np.float32)
                                 for k, v in self.generator.named_parameters()})
-                payload[LABEL_POOL] = self._pool(self.label_counts).astype(np.int32)
+                payload[LABEL_POOL] = self.known_pool().astype(np.int32)
             if wanted:
                 payload[SEND_COUNTS] = np.ones(1, np.int32)
             cache[1][wanted] = payload
@@ -293,15 +354,63 @@ class FedGen(FedStrategy):
         counts = np.stack([self.label_counts[p] for p in pids])
         # The paper's teachers are this round's clients: with per-label weights the labels
         # come from their pooled histogram; HtFLlib's from every client's.
-        pool = counts.sum(0) if s.teacher_weights == "label" else self._pool(self.label_counts)
+        pool = counts.sum(0) if s.teacher_weights == "label" else self.known_pool()
+        self.server_step(server_round,
+                         ensemble_heads(heads, teacher_weights(counts, num_examples,
+                                                               s.teacher_weights)),
+                         pool, self.average(heads, num_examples.tolist(),
+                                            reference=self.global_head))
+
+    def server_step(self, server_round: int, ensemble: tuple[np.ndarray, np.ndarray],
+                    pool: np.ndarray, head: Payload) -> None:
+        """Train G on the teacher heads ``ensemble`` with labels drawn from ``pool``, then
+        install the averaged ``head`` as the global head."""
+        s = self.settings
         if s.keep_generator:
             self.last_generator_ce = train_generator(
-                self.generator, heads, teacher_weights(counts, num_examples, s.teacher_weights),
-                pool, s, s.server_batch_size or self.cfg.batch_size,
+                self.generator, ensemble, pool, s, s.server_batch_size or self.cfg.batch_size,
                 derive_seed(self.cfg.seed, "fedgen-server", server_round))
         # else HtFLlib's code: its server reloads the initial G before each training
         # (servergen.py:112) and never saves the trained one, so its clients only ever see
         # the initial G; training a copy to throw away changes nothing, so none is trained.
         self.generator_sent = True
-        self.global_head = self.average(heads, num_examples.tolist(), reference=self.global_head)
+        self.global_head = head
         self._payloads = None
+
+    def secure_layout(self) -> dict[str, tuple[int, ...]]:
+        c, d = self.num_classes, self.feature_dim
+        layout = {"head.weight": (c, d), "head.bias": (c,), secure_aggregation.SUM_WEIGHT: (1,),
+                  NEW_COUNTS: (c,)}
+        if self.settings.teacher_weights == "label":
+            layout.update({TEACHERS + k: v for k, v in secure_aggregation.class_table_layout(
+                c, (c * d + c,)).items()})
+            layout[ROUND_COUNTS] = (c,)
+        return layout
+
+    def aggregate_sums(self, server_round: int, sums: Payload, uploads: list[Upload]) -> None:
+        # The survivors asked for their histogram sent it (NEW_COUNTS): it joins the known
+        # pool as a sum (a partition's histogram known before is replaced by the reported one,
+        # as in aggregate).
+        for u in uploads:
+            if self.wants_counts(u.client):
+                self.label_counts.pop(u.client.partition_id, None)
+                self.reported.add(u.client.partition_id)
+        per_count = count_scale(self.cfg)
+        self.reported_pool = self.reported_pool + counts_from_sum(sums[NEW_COUNTS], per_count)
+        mean = secure_aggregation.weighted_mean(
+            {k: sums[k] for k in (*HEAD, secure_aggregation.SUM_WEIGHT)})
+        c, d = self.num_classes, self.feature_dim
+        if self.settings.teacher_weights == "label":
+            # Row y over its weight is sum_k n_k^y h_k / sum_k n_k^y: the teacher of y.
+            teachers = secure_aggregation.class_means_from_sums(
+                {k.removeprefix(TEACHERS): v for k, v in sums.items() if k.startswith(TEACHERS)})
+            ensemble = (np.zeros((c, c, d), np.float32), np.zeros((c, c), np.float32))
+            for y, row in teachers.items():
+                ensemble[0][y], ensemble[1][y] = row[:c * d].reshape(c, d), row[c * d:]
+            pool = counts_from_sum(sums[ROUND_COUNTS], per_count)
+        else:  # one weight n_k / sum_j n_j per client: every label's teacher is the mean head
+            ensemble = (np.broadcast_to(mean["head.weight"], (c, c, d)).astype(np.float32),
+                        np.broadcast_to(mean["head.bias"], (c, c)).astype(np.float32))
+            pool = self.known_pool()
+        self.server_step(server_round, ensemble, pool,
+                         {k: mean[k].astype(np.float32) for k in HEAD})
