@@ -82,7 +82,9 @@ class Method:
     # docs/privacy.md): "as-is" = its server only averages uploads of one layout; "fixed-layout"
     # = its server's maths are exact from the sums of a fixed-layout variant of the upload (its
     # client's secure_upload, its strategy's secure_layout and aggregate_sums); any other text
-    # = why its server cannot work from sums (it is refused, with that reason).
+    # = why its server cannot work from sums (it is refused, with that reason). Settings of its
+    # own that make its server need individual uploads: its settings class's
+    # ``secure_aggregation_conflict(cfg)`` says why (None where the sums suffice).
     secure_aggregation: str = ""
     package: str = ""               # the card's package (set by the registry)
 

@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from fedapp.runtime.payload import PayloadError, decode
 from fedapp.runtime.results import Recorder
 from strategies.fedgen import FedGenSettings
-from strategies.fedgen.maths import (Generator, diversity_loss, ensemble_heads, teacher_weights,
-                                     train_generator)
+from strategies.fedgen.maths import Generator, diversity_loss, teacher_weights, train_generator
 from tests.conftest import InProcessFederation
 from tests.test_hostile_uploads import small_smoke_overrides
 
@@ -75,11 +74,10 @@ def test_with_identical_heads_the_ensemble_is_that_head():
     pool = np.arange(1, C + 1)
     gens = [Generator(4, C, 8, 6) for _ in range(2)]
     gens[1].load_state_dict(gens[0].state_dict())
-    loss_two = train_generator(gens[0], ensemble_heads([head, head],
-                                                       np.tile([0.75, 0.25], (C, 1))),
-                               pool, settings, batch_size=5, seed=7)
-    loss_one = train_generator(gens[1], ensemble_heads([head], np.ones((C, 1))), pool,
+    loss_two = train_generator(gens[0], [head, head], np.tile([0.75, 0.25], (C, 1)), pool,
                                settings, batch_size=5, seed=7)
+    loss_one = train_generator(gens[1], [head], np.ones((C, 1)), pool, settings,
+                               batch_size=5, seed=7)
     assert loss_two == pytest.approx(loss_one, rel=1e-5)
     # (Compared by output: the bias before BatchNorm has a zero gradient, which Adam turns
     # into steps of rounding noise, and which BatchNorm's batch statistics cancel.)

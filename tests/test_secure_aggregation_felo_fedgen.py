@@ -5,8 +5,6 @@ the layouts' sums give the server's quantities by hand."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -18,26 +16,10 @@ from tests.test_secure_aggregation import _class_counts, flat_config, run, step
 FELO = {"method": "felo", "arch_mix": "cnn1,cnn2", "felo.history": "latest-round"}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The runs the tests compare, each made once."""
-    made = {}
-
-    def get(name, **kwargs):
-        if name not in made:
-            made[name] = run(tmp_path_factory.mktemp(name), name, **kwargs)
-        return made[name]
-    return get
-
-
-def _values(layout) -> int:
-    return sum(math.prod(shape) for shape in layout.values())
-
-
 # -- Felo ----------------------------------------------------------------------------------------
-def test_felo_secure_tables_and_group_models_equal_the_plain_ones(runs):
-    plain, _, _ = runs("plain-felo", **FELO)
-    secure, records, _ = runs("secure-felo", secure_aggregation=True, **FELO)
+def test_felo_secure_tables_and_group_models_equal_the_plain_ones(tmp_path):
+    plain, _, _ = run(tmp_path / "plain", "plain", **FELO)
+    secure, records, _ = run(tmp_path / "secure", "secure", secure_aggregation=True, **FELO)
     assert records[0]["secure_aggregation"] == {"survivors": [0, 1, 2, 3]}
     want, got = plain.tables, secure.tables
     np.testing.assert_array_equal(got["class-labels"], want["class-labels"])
@@ -112,18 +94,25 @@ FEDGEN = {"method": "fedgen", "arch_mix": "cnn1,cnn2", "fedgen.server-steps": 2,
 
 
 def _fedgen_run(tmp_path, monkeypatch, name, **overrides):
-    """A FedGen run, with what its server trained G on: (strategy, records, the teacher heads
-    and label pool of train_generator's last call)."""
+    """A FedGen run, with what its server trained G on: (strategy, records, {"teachers": each
+    label's teacher head sum_k w[y, k] h_k as (weight [C, C, d], bias [C, C]), "pool": the
+    histogram G's labels were drawn from}) of train_generator's last call."""
     from strategies.fedgen import maths
     seen = {}
     train = maths.train_generator
 
-    def spy(generator, ensemble, pool, *args, **kwargs):
-        seen.update(ensemble=ensemble, pool=pool.copy())
-        return train(generator, ensemble, pool, *args, **kwargs)
+    def spy(generator, heads, weights, pool, *args, **kwargs):
+        seen.update(teachers=_teachers(heads, weights), pool=pool.copy())
+        return train(generator, heads, weights, pool, *args, **kwargs)
     monkeypatch.setattr(maths, "train_generator", spy)
     strategy, records, _ = run(tmp_path / name, name, **FEDGEN, **overrides)
     return strategy, records, seen
+
+
+def _teachers(heads, weights) -> tuple[np.ndarray, np.ndarray]:
+    """Each label's teacher head of an ensemble (K heads, weights [C, K])."""
+    return (np.einsum("yk,kcd->ycd", weights, np.stack([h["head.weight"] for h in heads])),
+            np.einsum("yk,kc->yc", weights, np.stack([h["head.bias"] for h in heads])))
 
 
 def test_fedgen_secure_head_and_teachers_equal_the_plain_ones(tmp_path, monkeypatch):
@@ -148,8 +137,11 @@ def test_fedgen_secure_head_and_teachers_equal_the_plain_ones(tmp_path, monkeypa
         np.testing.assert_allclose(secure.global_head[name], array, rtol=0, atol=tol)
         changed += int(not np.array_equal(secure.global_head[name], array))
     # Label y's teacher head: weights n_k^y / weight_scale, the same bound over their sum.
-    for part, (got_part, want_part) in enumerate(zip(got["ensemble"], want["ensemble"])):
+    for part, (got_part, want_part) in enumerate(zip(got["teachers"], want["teachers"])):
         for y in range(10):
+            if counts[:, y].sum() == 0:  # nobody's label: zero weights, never drawn
+                np.testing.assert_array_equal(got_part[y], 0)
+                continue
             tol = 4 * step() * (1 + np.abs(want_part[y]).max()) / (counts[:, y].sum() / scale)
             np.testing.assert_allclose(got_part[y], want_part[y], rtol=0, atol=tol + 1e-6,
                                        err_msg=f"teacher {y} ({part})")
@@ -171,47 +163,53 @@ def test_fedgen_with_per_client_teacher_weights_sends_only_the_head(tmp_path, mo
                                        **{"fedgen.teacher-weights": "samples"})
     np.testing.assert_array_equal(got["pool"], want["pool"])
     s_w = sum(secure.train_sizes) / max(secure.train_sizes)
-    for got_part, want_part in zip(got["ensemble"], want["ensemble"]):
+    for got_part, want_part in zip(got["teachers"], want["teachers"]):
         tol = 4 * step() * (1 + np.abs(want_part).max()) / s_w + 1e-6
         np.testing.assert_allclose(got_part, want_part, rtol=0, atol=tol)
     assert records[0]["bytes_up"] == 4 * 8 * (10 * 16 + 10 + 1 + 10 + 1)
 
 
-def test_teacher_heads_give_the_ensembles_logits():
-    # Linear heads: label y's teacher sum_k w[y, k] h_k gives the logits
-    # sum_k w[y, k] (W_k z + b_k) of the ensemble, for every feature z.
-    from strategies.fedgen.maths import ensemble_heads
+def test_teacher_heads_train_the_generator_as_the_ensemble_does():
+    # Linear heads: label y's teacher sum_k w[y, k] h_k, from the summed table of n_k^y-
+    # weighted heads, with the identity as weights, gives the ensemble's logits, so G's
+    # training is the same (same seed, same steps) up to float rounding.
+    import torch
+    from strategies.fedgen import FedGenSettings
+    from strategies.fedgen.maths import Generator, teacher_heads, train_generator
     rng = np.random.default_rng(0)
-    heads = [{"head.weight": rng.normal(size=(3, 2)).astype(np.float32),
-              "head.bias": rng.normal(size=3).astype(np.float32)} for _ in range(2)]
-    weights = np.array([[1.0, 0.0], [0.25, 0.75], [0.0, 0.0]])  # nobody holds label 2
-    teacher_w, teacher_b = ensemble_heads(heads, weights)
-    z = np.array([0.5, -2.0])
-    for y in range(3):
-        want = sum(weights[y, k] * (h["head.weight"] @ z + h["head.bias"])
-                   for k, h in enumerate(heads))
-        np.testing.assert_allclose(teacher_w[y] @ z + teacher_b[y], want, rtol=1e-6,
-                                   atol=1e-6)
-    np.testing.assert_array_equal(teacher_w[2], 0)
+    c, d = 3, 2
+    heads = [{"head.weight": rng.normal(size=(c, d)).astype(np.float32),
+              "head.bias": rng.normal(size=c).astype(np.float32)} for _ in range(2)]
+    histograms = np.array([[4, 1, 0], [0, 3, 0]])  # nobody holds label 2
+    weights = histograms.T / np.maximum(histograms.sum(0), 1)[:, None]  # teacher_weights
+    tables = [secure_aggregation.class_table(
+        np.flatnonzero(n), np.tile(np.concatenate([h["head.weight"].ravel(), h["head.bias"]]),
+                                   (int((n > 0).sum()), 1)), n[n > 0] / 8, c)
+        for h, n in zip(heads, histograms)]
+    table = {k: tables[0][k] + tables[1][k] for k in tables[0]}
+    teachers, identity = teacher_heads(table, c, d)
+    np.testing.assert_array_equal(identity, np.eye(c))
+    np.testing.assert_allclose(teachers[1]["head.weight"],
+                               0.25 * heads[0]["head.weight"] + 0.75 * heads[1]["head.weight"],
+                               rtol=1e-6)
+    np.testing.assert_array_equal(teachers[2]["head.bias"], 0)
+    settings = FedGenSettings(server_steps=3, noise_dim=4, hidden_dim=8)
+    gens = [Generator(4, c, 8, d) for _ in range(2)]
+    gens[1].load_state_dict(gens[0].state_dict())
+    pool = histograms.sum(0)
+    loss_ensemble = train_generator(gens[0], heads, weights, pool, settings, batch_size=5,
+                                    seed=7)
+    loss_teachers = train_generator(gens[1], teachers, identity, pool, settings, batch_size=5,
+                                    seed=7)
+    assert loss_teachers == pytest.approx(loss_ensemble, rel=1e-5)
+    labels, eps = torch.arange(c), torch.rand(c, 4)
+    torch.testing.assert_close(gens[0](labels, eps), gens[1](labels, eps), rtol=1e-4,
+                               atol=1e-4)
 
 
-def test_fedgen_secure_upload_layout_by_hand():
-    # Two clients, C = 2, d = 1, weight scale 4: A holds labels (3, 1), B (0, 2). The
-    # summed teacher rows over their weights are the label-weighted heads; the counts
-    # come back exactly.
+def test_label_counts_come_back_exact_through_the_public_divisor():
+    # Counts 7 and 5 over the divisor 3 are 7/3 and 5/3; their sum, off by a quantisation
+    # error far below 1/2 / 3, times 3 rounds back to 12.
     from strategies.fedgen.maths import counts_from_sum
-    heads = {"a": (np.array([[1.0], [2.0]]), np.array([0.5, -0.5])),
-             "b": (np.array([[3.0], [-1.0]]), np.array([0.0, 1.0]))}
-    histograms = {"a": np.array([3, 1]), "b": np.array([0, 2])}
-    tables = {k: secure_aggregation.class_table(
-        np.flatnonzero(histograms[k]),
-        np.tile(np.concatenate([heads[k][0].ravel(), heads[k][1]]),
-                (int((histograms[k] > 0).sum()), 1)),
-        histograms[k][histograms[k] > 0] / 4, 2) for k in heads}
-    sums = {name: tables["a"][name] + tables["b"][name] for name in tables["a"]}
-    teachers = secure_aggregation.class_means_from_sums(sums)
-    np.testing.assert_allclose(teachers[0], [1.0, 2.0, 0.5, -0.5])  # label 0: A alone
-    # label 1: weights 1/4 (A) and 2/4 (B): (1 * A + 2 * B) / 3
-    np.testing.assert_allclose(teachers[1], [(1 + 6) / 3, (2 - 2) / 3, 0.5 / 3, 1.5 / 3])
-    np.testing.assert_array_equal(
-        counts_from_sum((histograms["a"] + histograms["b"]) / 3 + 1e-6, 3), [3, 3])
+    np.testing.assert_array_equal(counts_from_sum(np.array([7 / 3 + 5 / 3 + 4e-5, 1e-5]), 3),
+                                  [12, 0])

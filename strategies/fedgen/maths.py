@@ -119,28 +119,22 @@ def teacher_weights(counts: np.ndarray, num_examples: np.ndarray, mode: str) -> 
     return np.divide(per_label, totals, out=np.zeros_like(per_label), where=totals > 0)
 
 
-def ensemble_heads(heads: list[Payload], weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The teacher of each label y as one head: ``sum_k w[y, k] h_k``, weight ``[C, C, d]`` and
-    bias ``[C, C]`` (``weights`` ``[C, K]``, :func:`teacher_weights`). Heads are linear, so
-    this head's logits of a feature z are the ensemble's, ``sum_k w[y, k] (W_k z + b_k)``: the
-    generator's training sees the heads only through these C heads (which secure aggregation
-    sums, ``FedGen.aggregate_sums``)."""
-    stacked_w = np.stack([h["head.weight"] for h in heads]).astype(np.float64)  # [K, C, d]
-    stacked_b = np.stack([h["head.bias"] for h in heads]).astype(np.float64)    # [K, C]
-    return (np.einsum("yk,kcd->ycd", weights, stacked_w).astype(np.float32),
-            np.einsum("yk,kc->yc", weights, stacked_b).astype(np.float32))
-
-
-def train_generator(generator: Generator, ensemble: tuple[np.ndarray, np.ndarray],
+def train_generator(generator: Generator, heads: list[Payload], weights: np.ndarray,
                     pool: np.ndarray, settings: FedGenSettings, batch_size: int,
                     seed: int) -> float:
     """``server-steps`` Adam steps of G on the ensemble's cross-entropy (+ diversity); a new
-    Adam each round (HtFLlib's) on the persistent G. ``ensemble`` is each label's teacher head
-    (:func:`ensemble_heads`), ``pool`` the histogram the labels are drawn from. Returns the
-    last step's ensemble cross-entropy."""
+    Adam each round (HtFLlib's) on the persistent G. ``weights`` is ``[C, K]``
+    (:func:`teacher_weights`), ``pool`` the histogram the labels are drawn from. Returns the
+    last step's ensemble cross-entropy.
+
+    The heads are used only through label y's ensemble logits ``sum_k w[y, k] (W_k z + b_k)``
+    = ``(sum_k w[y, k] W_k) z + sum_k w[y, k] b_k``: the logits of one head, y's teacher (no
+    softmax or other non-linearity acts on a single head). So C teacher heads with the identity
+    as weights train G as the K heads do (secure aggregation: :func:`teacher_heads`)."""
     rng = torch.Generator().manual_seed(seed)
-    teacher_w = torch.from_numpy(ensemble[0])  # [C, C, d]: label y's teacher head
-    teacher_b = torch.from_numpy(ensemble[1])  # [C, C]
+    w = torch.from_numpy(weights.astype(np.float32))
+    stacked_w = torch.stack([torch.from_numpy(h["head.weight"]) for h in heads])  # [K, C, d]
+    stacked_b = torch.stack([torch.from_numpy(h["head.bias"]) for h in heads])    # [K, C]
     histogram = torch.from_numpy(pool.astype(np.int64))
     optimizer = torch.optim.Adam(generator.parameters(), lr=settings.server_lr,
                                  betas=(0.9, 0.999))
@@ -150,10 +144,10 @@ def train_generator(generator: Generator, ensemble: tuple[np.ndarray, np.ndarray
         labels = sample_labels(histogram, batch_size, rng)
         eps = sample_noise(batch_size, settings.noise_dim, settings.noise, rng)
         features = generator(labels, eps)
-        # Each sample's logits [B, C] by the teacher of its label.
-        ensemble_logits = (torch.einsum("bd,bcd->bc", features, teacher_w[labels])
-                           + teacher_b[labels])
-        ce = F.cross_entropy(ensemble_logits, labels)
+        # Every head's logits [K, B, C], weighted per sample by its label's weights.
+        logits = torch.einsum("bd,kcd->kbc", features, stacked_w) + stacked_b[:, None, :]
+        ensemble = (w[labels].T[:, :, None] * logits).sum(0)
+        ce = F.cross_entropy(ensemble, labels)
         loss = (ce + settings.diversity * diversity_loss(eps, features)
                 if settings.diversity > 0 else ce)
         optimizer.zero_grad(set_to_none=True)
@@ -258,6 +252,21 @@ def counts_from_sum(summed: np.ndarray, scale: int) -> np.ndarray:
     return np.maximum(np.rint(summed * scale), 0).astype(np.int64)
 
 
+def teacher_heads(table: Payload, num_classes: int, feature_dim: int
+                  ) -> tuple[list[Payload], np.ndarray]:
+    """From the summed table of per-label weighted heads (row y: ``sum_k n_k^y [W_k, b_k]``
+    over S, its weight ``sum_k n_k^y`` over S): the C teacher heads ``sum_k w[y, k] h_k`` as
+    heads (zeros for a label nobody holds, whose weights are zero too), with the identity as
+    their weights [C, C], which :func:`train_generator` takes as it takes the K heads."""
+    c, d = num_classes, feature_dim
+    rows = secure_aggregation.class_means_from_sums(table)
+    heads = [{"head.weight": np.zeros((c, d), np.float32), "head.bias": np.zeros(c, np.float32)}
+             for _ in range(c)]
+    for y, row in rows.items():
+        heads[y] = {"head.weight": row[:c * d].reshape(c, d), "head.bias": row[c * d:]}
+    return heads, np.eye(c)
+
+
 class FedGen(FedStrategy):
     """Trains G on the ensemble of the uploaded heads, then averages the heads."""
 
@@ -355,20 +364,19 @@ class FedGen(FedStrategy):
         # The paper's teachers are this round's clients: with per-label weights the labels
         # come from their pooled histogram; HtFLlib's from every client's.
         pool = counts.sum(0) if s.teacher_weights == "label" else self.known_pool()
-        self.server_step(server_round,
-                         ensemble_heads(heads, teacher_weights(counts, num_examples,
-                                                               s.teacher_weights)),
-                         pool, self.average(heads, num_examples.tolist(),
-                                            reference=self.global_head))
+        self.server_step(server_round, heads,
+                         teacher_weights(counts, num_examples, s.teacher_weights), pool,
+                         self.average(heads, num_examples.tolist(), reference=self.global_head))
 
-    def server_step(self, server_round: int, ensemble: tuple[np.ndarray, np.ndarray],
+    def server_step(self, server_round: int, heads: list[Payload], weights: np.ndarray,
                     pool: np.ndarray, head: Payload) -> None:
-        """Train G on the teacher heads ``ensemble`` with labels drawn from ``pool``, then
-        install the averaged ``head`` as the global head."""
+        """Train G on the ensemble of ``heads`` with ``weights`` [C, K], labels drawn from
+        ``pool``, then install the averaged ``head`` as the global head."""
         s = self.settings
         if s.keep_generator:
             self.last_generator_ce = train_generator(
-                self.generator, ensemble, pool, s, s.server_batch_size or self.cfg.batch_size,
+                self.generator, heads, weights, pool, s,
+                s.server_batch_size or self.cfg.batch_size,
                 derive_seed(self.cfg.seed, "fedgen-server", server_round))
         # else HtFLlib's code: its server reloads the initial G before each training
         # (servergen.py:112) and never saves the trained one, so its clients only ever see
@@ -388,9 +396,10 @@ class FedGen(FedStrategy):
         return layout
 
     def aggregate_sums(self, server_round: int, sums: Payload, uploads: list[Upload]) -> None:
-        # The survivors asked for their histogram sent it (NEW_COUNTS): it joins the known
-        # pool as a sum (a partition's histogram known before is replaced by the reported one,
-        # as in aggregate).
+        # The survivors the server asked for their histogram sent it (NEW_COUNTS): the sum
+        # joins the known pool (a histogram the partition gave is replaced by the reported one,
+        # as in aggregate). The round's own pool and each label's teacher head (the table of
+        # n_k^y-weighted heads) come from the sums, and G trains on those C heads.
         for u in uploads:
             if self.wants_counts(u.client):
                 self.label_counts.pop(u.client.partition_id, None)
@@ -401,16 +410,12 @@ class FedGen(FedStrategy):
             {k: sums[k] for k in (*HEAD, secure_aggregation.SUM_WEIGHT)})
         c, d = self.num_classes, self.feature_dim
         if self.settings.teacher_weights == "label":
-            # Row y over its weight is sum_k n_k^y h_k / sum_k n_k^y: the teacher of y.
-            teachers = secure_aggregation.class_means_from_sums(
-                {k.removeprefix(TEACHERS): v for k, v in sums.items() if k.startswith(TEACHERS)})
-            ensemble = (np.zeros((c, c, d), np.float32), np.zeros((c, c), np.float32))
-            for y, row in teachers.items():
-                ensemble[0][y], ensemble[1][y] = row[:c * d].reshape(c, d), row[c * d:]
+            heads, weights = teacher_heads(
+                {k.removeprefix(TEACHERS): v for k, v in sums.items() if k.startswith(TEACHERS)},
+                c, d)
             pool = counts_from_sum(sums[ROUND_COUNTS], per_count)
         else:  # one weight n_k / sum_j n_j per client: every label's teacher is the mean head
-            ensemble = (np.broadcast_to(mean["head.weight"], (c, c, d)).astype(np.float32),
-                        np.broadcast_to(mean["head.bias"], (c, c)).astype(np.float32))
-            pool = self.known_pool()
-        self.server_step(server_round, ensemble, pool,
+            heads = [{k: mean[k].astype(np.float32) for k in HEAD}]
+            weights, pool = np.ones((c, 1)), self.known_pool()
+        self.server_step(server_round, heads, weights, pool,
                          {k: mean[k].astype(np.float32) for k in HEAD})
