@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedapp.config import RunConfig
 from fedapp.data import setup
 from fedapp.runtime import secure_aggregation
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
@@ -239,7 +240,7 @@ class FedGenClient(FedClient):
         return dense
 
 
-def count_scale(cfg) -> int:
+def count_scale(cfg: RunConfig) -> int:
     """The public divisor of label counts in a secure upload: the least integer that keeps any
     client's count within upload-max-abs, so that the summed counts, times it, round back to
     the exact integers (each survivor's count is off by less than one quantisation step
