@@ -82,7 +82,9 @@ class Method:
     # docs/privacy.md): "as-is" = its server only averages uploads of one layout; "fixed-layout"
     # = its server's maths are exact from the sums of a fixed-layout variant of the upload (its
     # client's secure_upload, its strategy's secure_layout and aggregate_sums); any other text
-    # = why its server cannot work from sums (it is refused, with that reason).
+    # = why its server cannot work from sums (it is refused, with that reason). Settings of its
+    # own that make its server need individual uploads: its settings class's
+    # ``secure_aggregation_conflict(cfg)`` says why (None where the sums suffice).
     secure_aggregation: str = ""
     package: str = ""               # the card's package (set by the registry)
 
@@ -342,6 +344,14 @@ def check_secure_aggregation(cfg: RunConfig, method: Method) -> None:
             "Methods that take it: " + ", ".join(
                 n for n, m in known_methods().items() if m.secure_aggregation in SECURE_FORMS)
             + " (docs/privacy.md).")
+    # A method's own settings may make its server need individual uploads (a history of
+    # them, say): its settings class says why (``secure_aggregation_conflict``).
+    conflict = getattr(cfg.settings, "secure_aggregation_conflict", None)
+    why = conflict(cfg) if conflict is not None else None
+    if why:
+        raise ConfigError(
+            f"setting secure-aggregation = true is invalid for method {cfg.method!r} with "
+            f"{why} (docs/privacy.md).")
     if cfg.differential_privacy:
         raise ConfigError(
             "setting differential-privacy = true is invalid with secure-aggregation = true "

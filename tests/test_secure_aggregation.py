@@ -283,9 +283,8 @@ def test_fedapp_methods_says_which_methods_take_secure_aggregation(capsys):
     from fedapp.cli.main import main
     assert main(["methods"]) == 0
     assert ("secure-aggregation = true (the server sees only sums, docs/privacy.md) runs: "
-            "compfl, dsfl, fd, fedavg, fedclassavg, fedhe, fedl2g, fedmd, fedmrl, fedper, "
-            "fedproto, fedrep, fml, "
-            "lg-fedavg\n"
+            "compfl, dsfl, fd, fedavg, fedclassavg, fedgen, fedhe, fedl2g, fedmd, fedmrl, "
+            "fedper, fedproto, fedrep, felo, fml, "
             ) in capsys.readouterr().out
 
 
@@ -294,8 +293,9 @@ def test_every_method_card_declares_whether_its_server_works_from_sums():
         assert method.secure_aggregation, name
     takes = sorted(n for n, m in METHODS.items()
                    if m.secure_aggregation in ("as-is", "fixed-layout"))
-    assert takes == ["compfl", "dsfl", "fd", "fedavg", "fedclassavg", "fedhe", "fedl2g",
-                     "fedmd", "fedmrl", "fedper", "fedproto", "fedrep", "fml", "lg-fedavg"]
+    assert takes == ["compfl", "dsfl", "fd", "fedavg", "fedclassavg", "fedgen", "fedhe",
+                     "fedl2g", "fedmd", "fedmrl", "fedper", "fedproto", "fedrep", "felo", "fml",
+                     "lg-fedavg"]
 
 
 # -- the dense layout, by hand ------------------------------------------------------------------

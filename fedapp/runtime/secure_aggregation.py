@@ -42,9 +42,10 @@ the round; docs/privacy.md).
 from __future__ import annotations
 
 
+import functools
 import time
 from logging import ERROR, INFO
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 from flwr.app import Context, Message, MessageType
@@ -202,56 +203,80 @@ def holder_sums(sums: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]
     return sums[ROWS], np.rint(sums[HOLDERS])
 
 
-# -- per-group tables: one model per group (FedPer/FedRep's architectures, CompFL's experts) ---
-# A group's layout: its arrays' names and shapes; a run's groups: {group: layout}, in one order
-# that every party derives from the run config (the mapping's order is the columns' order).
+# -- per-group tables: one model per group (FedPer/FedRep's architectures, CompFL's experts,
+# Felo's architecture groups) ----------------------------------------------------------------
+# A group's layout: its arrays' names and shapes; a run's groups: {group: layout}, which every
+# party derives from the run config. The columns follow the groups' names in sorted order, so
+# the order a party built the mapping in does not matter. ``prefix`` keeps a group table apart
+# from another table in the same upload (Felo's class table has columns of its own).
 GroupLayouts = Mapping[str, Mapping[str, tuple[int, ...]]]
 
 
+@functools.lru_cache(maxsize=8)
+def architecture_layouts(cfg: RunConfig, input_shape: tuple[int, int, int], num_classes: int,
+                         arrays_of: Callable[[Any], Payload]) -> dict[str, dict[str, tuple]]:
+    """{architecture: {name: shape}} of ``arrays_of(model)`` for every architecture of the run,
+    sorted by name: the groups of a table, which the server and every client derive alike from
+    the run config (a client knows no other architecture's model otherwise)."""
+    from fedapp.data import setup
+    return {arch: {name: a.shape for name, a in arrays_of(
+                setup.new_model(cfg, arch, input_shape, num_classes, "layout")).items()}
+            for arch in sorted(set(setup.architectures(cfg)))}
+
+
 def group_table(groups: GroupLayouts, group: str, arrays: Mapping[str, np.ndarray],
-                weight: float) -> Payload:
+                weight: float, prefix: str = "") -> Payload:
     """The dense upload of a client whose server averages uploads within groups of the same
-    layout: every group's arrays under ``"<group>/<name>"``, ``weight * arrays`` in the slot
-    of its own ``group`` and zeros in every other, a weight column (``SUM_WEIGHT``, [G]) and
-    a holders column (``HOLDERS``, [G], 1 for its own group). Summed, a group's arrays over
-    its weight are its weighted mean over the survivors that wrote into it, and its holders
-    entry counts them (far above the quantisation error, where a small weight may not be).
-    Raises ValueError if ``arrays`` is not the layout of ``group``."""
+    layout: every group's arrays under ``"<prefix><group>/<name>"``, ``weight * arrays`` in
+    the slot of its own ``group`` and zeros in every other, a weight column
+    (``<prefix>SUM_WEIGHT``, [G]) and a holders column (``<prefix>HOLDERS``, [G], 1 for its
+    own group). Summed, a group's arrays over its weight are its weighted mean over the
+    survivors that wrote into it, and its holders entry counts them (far above the
+    quantisation error, where a small weight may not be). The server no longer learns which
+    group a survivor's model averaged into. Raises ValueError if ``arrays`` is not the layout
+    of ``group``."""
     if group not in groups:
-        raise ValueError(f"group {group!r} is not one of the run's {list(groups)}")
+        raise ValueError(f"group {group!r} is not one of the run's {sorted(groups)}")
     layout = groups[group]
     shapes = {name: tuple(np.shape(a)) for name, a in arrays.items()}
     if shapes != {name: tuple(shape) for name, shape in layout.items()}:
         raise ValueError(f"the arrays of group {group!r} do not have its layout: "
                          f"{sorted(set(shapes) ^ set(layout))} differ in name, or a shape does")
-    table = {f"{g}/{name}": (weight * np.asarray(arrays[name], np.float64) if g == group
-                             else np.zeros(shape, np.float64))
-             for g, g_layout in groups.items() for name, shape in g_layout.items()}
-    column = np.zeros(len(groups), np.float64)
-    holders = np.zeros(len(groups), np.float64)
-    index = list(groups).index(group)
-    column[index], holders[index] = weight, 1.0
-    return {**table, SUM_WEIGHT: column, HOLDERS: holders}
+    order = sorted(groups)
+    table = {f"{prefix}{g}/{name}": (weight * np.asarray(arrays[name], np.float64)
+                                     if g == group else np.zeros(shape, np.float64))
+             for g in order for name, shape in groups[g].items()}
+    column = np.zeros(len(order), np.float64)
+    holders = np.zeros(len(order), np.float64)
+    column[order.index(group)], holders[order.index(group)] = weight, 1.0
+    return {**table, prefix + SUM_WEIGHT: column, prefix + HOLDERS: holders}
 
 
-def group_table_layout(groups: GroupLayouts) -> dict[str, tuple[int, ...]]:
+def group_table_layout(groups: GroupLayouts, prefix: str = "") -> dict[str, tuple[int, ...]]:
     """The layout of :func:`group_table`."""
-    layout = {f"{g}/{name}": tuple(shape) for g, g_layout in groups.items()
-              for name, shape in g_layout.items()}
-    if SUM_WEIGHT in layout or HOLDERS in layout:  # a group named "secagg" with such an array
-        raise ValueError(f"a group's array is named as the table's column {SUM_WEIGHT!r} or "
-                         f"{HOLDERS!r}")
-    return {**layout, SUM_WEIGHT: (len(groups),), HOLDERS: (len(groups),)}
+    layout = {f"{prefix}{g}/{name}": tuple(shape) for g in sorted(groups)
+              for name, shape in groups[g].items()}
+    if prefix + SUM_WEIGHT in layout or prefix + HOLDERS in layout:
+        # a group named "secagg" with an array named as a column
+        raise ValueError(f"a group's array is named as the table's column "
+                         f"{prefix + SUM_WEIGHT!r} or {prefix + HOLDERS!r}")
+    return {**layout, prefix + SUM_WEIGHT: (len(groups),), prefix + HOLDERS: (len(groups),)}
 
 
-def group_means_from_sums(sums: Mapping[str, np.ndarray], groups: GroupLayouts
-                          ) -> dict[str, Payload]:
+def group_means_from_sums(sums: Mapping[str, np.ndarray], groups: GroupLayouts,
+                          prefix: str = "") -> dict[str, Payload]:
     """{group: {name: weighted mean (float64)}} of the groups some survivor wrote into, from
     summed :func:`group_table` uploads; a group without one is absent (its state stays)."""
-    column, holders = sums[SUM_WEIGHT], sums[HOLDERS]
-    return {g: {name: sums[f"{g}/{name}"] / column[i] for name in g_layout}
-            for i, (g, g_layout) in enumerate(groups.items())
-            if holders[i] >= 0.5 and column[i] > 0}
+    column, holders = sums[prefix + SUM_WEIGHT], sums[prefix + HOLDERS]
+    return {g: {name: sums[f"{prefix}{g}/{name}"] / column[i] for name in groups[g]}
+            for i, g in enumerate(sorted(groups)) if holders[i] >= 0.5 and column[i] > 0}
+
+
+def in_dtypes_of(mean: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray]) -> Payload:
+    """A mean from sums in the dtypes a plain average keeps: float32, and integer arrays
+    (BatchNorm's counters) rounded back to int64."""
+    return {name: (np.rint(a).astype(np.int64) if like[name].dtype.kind in "iu"
+                   else a.astype(np.float32)) for name, a in mean.items()}
 
 
 # -- the client: Flower's mod, on the messages of the protocol only ------------------------------

@@ -33,13 +33,16 @@ class FDSettings:
                 "setting fd.history = 'round' is invalid with server-loop = 'async': without "
                 "rounds the server keeps each client's latest logits; set fd.history = "
                 "\"latest-per-client\" (or leave it at \"auto\").")
-        if cfg.secure_aggregation and self.resolved_history(cfg) == "latest-per-client":
-            raise ConfigError(
-                "setting secure-aggregation = true is invalid for method 'fd' with "
-                "fd.history = 'latest-per-client': the server sees only the sum of a round's "
-                "uploads, and this history replaces each client's rows with its newest, while "
-                "the server holds a client's older rows only inside a past round's sum; use "
-                "fd.history = 'round' (what 'auto', the default, takes in rounds).")
+
+    def secure_aggregation_conflict(self, cfg: RunConfig) -> str | None:
+        """Why these settings need individual uploads (None: exact from a round's sums)."""
+        if self.resolved_history(cfg) == "latest-per-client":
+            return ("fd.history = 'latest-per-client': the server sees only the sum of a "
+                    "round's uploads, and this history replaces each client's rows with its "
+                    "newest, while the server holds a client's older rows only inside a past "
+                    "round's sum; use fd.history = 'round' (what 'auto', the default, takes "
+                    "in rounds)")
+        return None
 
     def resolved_history(self, cfg: RunConfig) -> str:
         if self.history != "auto":

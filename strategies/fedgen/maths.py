@@ -42,12 +42,16 @@ lists the settings that reproduce HtFLlib.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedapp.config import RunConfig
 from fedapp.data import setup
+from fedapp.runtime import secure_aggregation
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -60,6 +64,10 @@ GENERATOR_PREFIX = "generator."
 LABEL_POOL = "label-pool"          # down: the label histogram pooled over every known client
 LABEL_COUNTS = "label-counts"      # up, once: the client's own label histogram
 SEND_COUNTS = "send-label-counts"  # down: the server has no histogram of this client yet
+# With secure-aggregation, the arrays of the fixed layout besides the weighted head: the
+# per-label teacher heads (a class table), the round's label histogram and the histogram of a
+# client the server asked for it (zeros otherwise).
+TEACHERS, ROUND_COUNTS, NEW_COUNTS = "teachers/", "label-counts/round", "label-counts/new"
 
 
 class Generator(nn.Module):
@@ -118,7 +126,12 @@ def train_generator(generator: Generator, heads: list[Payload], weights: np.ndar
     """``server-steps`` Adam steps of G on the ensemble's cross-entropy (+ diversity); a new
     Adam each round (HtFLlib's) on the persistent G. ``weights`` is ``[C, K]``
     (:func:`teacher_weights`), ``pool`` the histogram the labels are drawn from. Returns the
-    last step's ensemble cross-entropy."""
+    last step's ensemble cross-entropy.
+
+    The heads are used only through label y's ensemble logits ``sum_k w[y, k] (W_k z + b_k)``
+    = ``(sum_k w[y, k] W_k) z + sum_k w[y, k] b_k``: the logits of one head, y's teacher (no
+    softmax or other non-linearity acts on a single head). So C teacher heads with the identity
+    as weights train G as the K heads do (secure aggregation: :func:`teacher_heads`)."""
     rng = torch.Generator().manual_seed(seed)
     w = torch.from_numpy(weights.astype(np.float32))
     stacked_w = torch.stack([torch.from_numpy(h["head.weight"]) for h in heads])  # [K, C, d]
@@ -198,9 +211,61 @@ class FedGenClient(FedClient):
     def upload(self) -> Payload:
         payload = state_arrays(self.model, list(HEAD))
         if self.send_counts:
-            payload[LABEL_COUNTS] = np.bincount(self.data.train_y.cpu().numpy(),
-                                                minlength=self.num_classes).astype(np.int32)
+            payload[LABEL_COUNTS] = self.histogram().astype(np.int32)
         return payload
+
+    def histogram(self) -> np.ndarray:
+        """n_k^y: the client's training samples of each label."""
+        return np.bincount(self.data.train_y.cpu().numpy(), minlength=self.num_classes)
+
+    def secure_upload(self, upload: Payload) -> Payload:
+        # With secure-aggregation: the head weighted by n_k over a public scale (the global
+        # head), and with per-label teachers the head weighted by n_k^y in row y of a table of
+        # every label (the teacher of y: FedGen.aggregate_sums); the histogram over a scale
+        # that keeps counts integral through the sum: every round ('label': the round's pool)
+        # and when the server asked for it (the pool of every client it knows).
+        histogram, scale = self.histogram(), secure_aggregation.weight_scale(self.cfg)
+        head = {k: upload[k] for k in HEAD}
+        dense = secure_aggregation.weighted(head, self.secure_weight())
+        per_count = count_scale(self.cfg)
+        if self.cfg.settings.teacher_weights == "label":
+            held = np.flatnonzero(histogram)
+            row = np.concatenate([head["head.weight"].ravel(), head["head.bias"]])
+            table = secure_aggregation.class_table(held, np.tile(row, (len(held), 1)),
+                                                   histogram[held] / scale, self.num_classes)
+            dense.update({TEACHERS + k: v for k, v in table.items()})
+            dense[ROUND_COUNTS] = histogram / per_count
+        dense[NEW_COUNTS] = (histogram / per_count if LABEL_COUNTS in upload
+                             else np.zeros(self.num_classes))
+        return dense
+
+
+def count_scale(cfg: RunConfig) -> int:
+    """The public divisor of label counts in a secure upload: the least integer that keeps any
+    client's count within upload-max-abs, so that the summed counts, times it, round back to
+    the exact integers (each survivor's count is off by less than one quantisation step
+    times this divisor)."""
+    return max(1, math.ceil(secure_aggregation.weight_scale(cfg) / cfg.upload_max_abs))
+
+
+def counts_from_sum(summed: np.ndarray, scale: int) -> np.ndarray:
+    """Integer label counts from the sum of secure uploads' ``counts / scale``."""
+    return np.maximum(np.rint(summed * scale), 0).astype(np.int64)
+
+
+def teacher_heads(table: Payload, num_classes: int, feature_dim: int
+                  ) -> tuple[list[Payload], np.ndarray]:
+    """From the summed table of per-label weighted heads (row y: ``sum_k n_k^y [W_k, b_k]``
+    over S, its weight ``sum_k n_k^y`` over S): the C teacher heads ``sum_k w[y, k] h_k`` as
+    heads (zeros for a label nobody holds, whose weights are zero too), with the identity as
+    their weights [C, C], which :func:`train_generator` takes as it takes the K heads."""
+    c, d = num_classes, feature_dim
+    rows = secure_aggregation.class_means_from_sums(table)
+    heads = [{"head.weight": np.zeros((c, d), np.float32), "head.bias": np.zeros(c, np.float32)}
+             for _ in range(c)]
+    for y, row in rows.items():
+        heads[y] = {"head.weight": row[:c * d].reshape(c, d), "head.bias": row[c * d:]}
+    return heads, np.eye(c)
 
 
 class FedGen(FedStrategy):
@@ -220,6 +285,8 @@ class FedGen(FedStrategy):
             self.generator = Generator(s.noise_dim, self.num_classes, s.hidden_dim,
                                        self.feature_dim)
         self.label_counts: dict[int, np.ndarray] = {}  # partition id -> its label histogram
+        # With secure-aggregation: the histograms reported, known only as their sum.
+        self.reported_pool = np.zeros(self.num_classes, np.int64)
         self.reported: set[int] = set()  # partition ids whose histogram came in an upload
         if s.label_pool == "partition":  # HtFLlib's: every client's labels known at start-up
             labels = setup.dataset(self.cfg).train_y.numpy()
@@ -237,6 +304,10 @@ class FedGen(FedStrategy):
         for pid in partitions:
             pool += self.label_counts[pid]
         return pool
+
+    def known_pool(self) -> np.ndarray:
+        """The label histogram pooled over every client the server knows."""
+        return self._pool(self.label_counts) + self.reported_pool
 
     def wants_counts(self, client: ClientInfo | None) -> bool:
         """Whether the server asks ``client`` for its label histogram: once, unless the
@@ -256,7 +327,7 @@ class FedGen(FedStrategy):
             if self.generator_sent:
                 payload.update({GENERATOR_PREFIX + k: v.detach().numpy().astype(np.float32)
                                 for k, v in self.generator.named_parameters()})
-                payload[LABEL_POOL] = self._pool(self.label_counts).astype(np.int32)
+                payload[LABEL_POOL] = self.known_pool().astype(np.int32)
             if wanted:
                 payload[SEND_COUNTS] = np.ones(1, np.int32)
             cache[1][wanted] = payload
@@ -293,15 +364,59 @@ class FedGen(FedStrategy):
         counts = np.stack([self.label_counts[p] for p in pids])
         # The paper's teachers are this round's clients: with per-label weights the labels
         # come from their pooled histogram; HtFLlib's from every client's.
-        pool = counts.sum(0) if s.teacher_weights == "label" else self._pool(self.label_counts)
+        pool = counts.sum(0) if s.teacher_weights == "label" else self.known_pool()
+        self.server_step(server_round, heads,
+                         teacher_weights(counts, num_examples, s.teacher_weights), pool,
+                         self.average(heads, num_examples.tolist(), reference=self.global_head))
+
+    def server_step(self, server_round: int, heads: list[Payload], weights: np.ndarray,
+                    pool: np.ndarray, head: Payload) -> None:
+        """Train G on the ensemble of ``heads`` with ``weights`` [C, K], labels drawn from
+        ``pool``, then install the averaged ``head`` as the global head."""
+        s = self.settings
         if s.keep_generator:
             self.last_generator_ce = train_generator(
-                self.generator, heads, teacher_weights(counts, num_examples, s.teacher_weights),
-                pool, s, s.server_batch_size or self.cfg.batch_size,
+                self.generator, heads, weights, pool, s,
+                s.server_batch_size or self.cfg.batch_size,
                 derive_seed(self.cfg.seed, "fedgen-server", server_round))
         # else HtFLlib's code: its server reloads the initial G before each training
         # (servergen.py:112) and never saves the trained one, so its clients only ever see
         # the initial G; training a copy to throw away changes nothing, so none is trained.
         self.generator_sent = True
-        self.global_head = self.average(heads, num_examples.tolist(), reference=self.global_head)
+        self.global_head = head
         self._payloads = None
+
+    def secure_layout(self) -> dict[str, tuple[int, ...]]:
+        c, d = self.num_classes, self.feature_dim
+        layout = {"head.weight": (c, d), "head.bias": (c,), secure_aggregation.SUM_WEIGHT: (1,),
+                  NEW_COUNTS: (c,)}
+        if self.settings.teacher_weights == "label":
+            layout.update({TEACHERS + k: v for k, v in secure_aggregation.class_table_layout(
+                c, (c * d + c,)).items()})
+            layout[ROUND_COUNTS] = (c,)
+        return layout
+
+    def aggregate_sums(self, server_round: int, sums: Payload, uploads: list[Upload]) -> None:
+        # The survivors the server asked for their histogram sent it (NEW_COUNTS): the sum
+        # joins the known pool (a histogram the partition gave is replaced by the reported one,
+        # as in aggregate). The round's own pool and each label's teacher head (the table of
+        # n_k^y-weighted heads) come from the sums, and G trains on those C heads.
+        for u in uploads:
+            if self.wants_counts(u.client):
+                self.label_counts.pop(u.client.partition_id, None)
+                self.reported.add(u.client.partition_id)
+        per_count = count_scale(self.cfg)
+        self.reported_pool = self.reported_pool + counts_from_sum(sums[NEW_COUNTS], per_count)
+        mean = secure_aggregation.weighted_mean(
+            {k: sums[k] for k in (*HEAD, secure_aggregation.SUM_WEIGHT)})
+        c, d = self.num_classes, self.feature_dim
+        if self.settings.teacher_weights == "label":
+            heads, weights = teacher_heads(
+                {k.removeprefix(TEACHERS): v for k, v in sums.items() if k.startswith(TEACHERS)},
+                c, d)
+            pool = counts_from_sum(sums[ROUND_COUNTS], per_count)
+        else:  # one weight n_k / sum_j n_j per client: every label's teacher is the mean head
+            heads = [{k: mean[k].astype(np.float32) for k in HEAD}]
+            weights, pool = np.ones((c, 1)), self.known_pool()
+        self.server_step(server_round, heads, weights, pool,
+                         {k: mean[k].astype(np.float32) for k in HEAD})

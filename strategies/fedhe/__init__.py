@@ -32,12 +32,14 @@ class FedHeSettings:
                 f"method 'fedhe' with fedhe.history = {self.history!r}: that store keeps only "
                 "per-class sums, not each client's rows, which a robust rule needs; set "
                 "fedhe.history = 'latest-per-client'.")
-        if cfg.secure_aggregation and self.history != "all":
-            raise ConfigError(
-                "setting secure-aggregation = true is invalid for method 'fedhe' with "
-                f"fedhe.history = {self.history!r}: the server sees only the sum of a round's "
+
+    def secure_aggregation_conflict(self, cfg: RunConfig) -> str | None:
+        """Why these settings need individual uploads (None: exact from a round's sums)."""
+        if self.history == "all":
+            return None
+        return (f"fedhe.history = {self.history!r}: the server sees only the sum of a round's "
                 "uploads, and " + SECURE_REFUSED[self.history] + "; use fedhe.history = "
-                "'all' (the paper's store, the default), which is per-class sums and counts.")
+                "'all' (the paper's store, the default), which is per-class sums and counts")
 
 
 # Why a store other than 'all' cannot be kept from the sums of a round's uploads.

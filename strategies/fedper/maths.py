@@ -18,12 +18,9 @@ server's per-architecture averages are then ratios of the survivors' sums.
 
 from __future__ import annotations
 
-import functools
 
-import numpy as np
 
 from fedapp.config import RunConfig
-from fedapp.data import setup
 from fedapp.data.local_data import expected_input
 from fedapp.runtime import secure_aggregation
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
@@ -42,15 +39,12 @@ def arrays_spec(arrays: Payload) -> dict[str, ArraySpec]:
             for name, a in arrays.items()}
 
 
-@functools.lru_cache(maxsize=8)
 def extractor_layouts(cfg: RunConfig, input_shape: tuple[int, int, int], num_classes: int
                       ) -> dict[str, dict[str, tuple[int, ...]]]:
     """Every architecture's extractor layout (name -> shape), architectures sorted by name:
-    the groups of a secure-aggregation table, which the server and every client derive alike
-    from the run config (a client knows no other architecture's model otherwise)."""
-    return {arch: {name: a.shape for name, a in extractor_arrays(
-                setup.new_model(cfg, arch, input_shape, num_classes, "layout")).items()}
-            for arch in sorted(set(setup.architectures(cfg)))}
+    the groups of a secure-aggregation table."""
+    return secure_aggregation.architecture_layouts(cfg, input_shape, num_classes,
+                                                   extractor_arrays)
 
 
 def secure_group_upload(client: FedClient, group: str, arrays: Payload) -> Payload:
@@ -109,10 +103,8 @@ class PerArchitectureExtractors(FedStrategy):
         means = secure_aggregation.group_means_from_sums(
             sums, extractor_layouts(self.cfg, self.input_shape, self.num_classes))
         for arch, mean in means.items():
-            like = self.extractors[arch]
-            self.extractors[arch] = self.merge(arch, {
-                name: np.rint(a).astype(np.int64) if like[name].dtype.kind in "iu"
-                else a.astype(np.float32) for name, a in mean.items()})
+            self.extractors[arch] = self.merge(
+                arch, secure_aggregation.in_dtypes_of(mean, self.extractors[arch]))
 
 
 class FedPerClient(FedClient):

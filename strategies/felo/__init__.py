@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config import ConfigError, RunConfig, UploadLayout, opt
-from strategies import NOT_BUILT, Method
+from fedapp.config import ConfigError, RunConfig, UploadLayout, opt, sampled_per_round
+from strategies import Method
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,21 @@ class FeloSettings:
                               f"{cfg.method}.group-avg = true: without group averaging there "
                               "is no group model to evaluate.")
 
+    def secure_aggregation_conflict(self, cfg: RunConfig) -> str | None:
+        """Why these settings need individual uploads, which secure aggregation hides (None:
+        the server's maths are exact from the round's sums)."""
+        if self.history != "latest-round":
+            return (f"{cfg.method}.history = {self.history!r}: its server averages each "
+                    "class's last history-size entries across rounds, individual uploads "
+                    "that a round's sum does not hold; use history = 'latest-round', whose "
+                    "tables are the means of one round's entries")
+        if sampled_per_round(cfg) > self.history_size:
+            return (f"{cfg.method}.history-size = {self.history_size} below the "
+                    f"{sampled_per_round(cfg)} clients of a round: the server would keep only "
+                    "the last history-size of a class's entries, which a sum cannot single "
+                    "out; raise history-size")
+        return None
+
 # Felo/Velo's code: one Adam per client with a MultiStepLR (x0.1 at half the run on
 # Fashion-MNIST) kept for the whole run; 10 batches of 50 per update.
 RECIPE = {"optimizer": "adam", "lr": 0.001, "weight-decay": 0.0, "grad-clip": 0.0,
@@ -50,7 +65,8 @@ METHOD = Method("per-class mean features and logits up, their per-class averages
                 strategy_class="Felo", client_class="FeloClient", shared_dim=True,
                 settings=FeloSettings, recipe=RECIPE,
                 payload_kinds=("group-model", "class-rows"),
-                secure_aggregation=NOT_BUILT,
+                # history = "latest-round" only (FeloSettings.secure_aggregation_conflict).
+                secure_aggregation="fixed-layout",
                 upload_layout=UploadLayout(labels="class-labels",
                                            rows=("class-features", "class-logits"),
                                            logits=("class-logits",)))

@@ -47,6 +47,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedapp.data.local_data import expected_input
+from fedapp.runtime import secure_aggregation
 from fedapp.runtime.class_stats import ClassSums, class_target_mse
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
@@ -63,6 +65,18 @@ TABLES = (FEATURES, LOGITS, LABELS)
 def model_part(payload: Payload) -> Payload:
     """The model weights of a payload (everything but the per-class tables)."""
     return {k: v for k, v in payload.items() if k not in TABLES}
+
+
+# With secure-aggregation and group-avg: the architecture groups' slots of the upload, apart
+# from the class table's columns.
+GROUP_PREFIX = "group/"
+
+
+def group_layouts(cfg, input_shape: tuple[int, int, int], num_classes: int
+                  ) -> dict[str, dict[str, tuple[int, ...]]]:
+    """{architecture: {array name: shape}} of every architecture's model (the slots of the
+    secure upload), the same for the server and every client."""
+    return secure_aggregation.architecture_layouts(cfg, input_shape, num_classes, state_arrays)
 
 
 class FeloClient(FedClient):
@@ -107,6 +121,23 @@ class FeloClient(FedClient):
         if self.cfg.settings.group_avg:
             payload.update(state_arrays(self.model))
         return payload
+
+    def secure_upload(self, upload: Payload) -> Payload:
+        # With secure-aggregation (history = "latest-round", the card's refusal): a table of all
+        # C classes, row c = [s_kc, p_kc] with weight 1 (the plain store averages its entries
+        # without weights), and the model in its architecture's slot weighted by n_k over a
+        # public scale, so that the sums give the server the same tables and group models
+        # (Felo.aggregate_sums).
+        labels = upload[LABELS]
+        rows = np.concatenate([upload[FEATURES], upload[LOGITS]], 1)
+        dense = secure_aggregation.class_table(labels, rows, np.ones(len(labels)),
+                                               self.num_classes)
+        if self.cfg.settings.group_avg:
+            dense.update(secure_aggregation.group_table(
+                group_layouts(self.cfg, *expected_input(self.cfg)), self.arch,
+                model_part(upload), self.secure_weight(),
+                prefix=GROUP_PREFIX))
+        return dense
 
 
 def distillation_loss(features: torch.Tensor, logits: torch.Tensor, y: torch.Tensor,
@@ -213,6 +244,37 @@ class Felo(FedStrategy):
             self.group_models.update(self.average_per_group(
                 [u.client.arch for u in uploads], [model_part(u.payload) for u in uploads],
                 [u.num_examples for u in uploads], references=self.group_models))
+        self.update_tables(server_round)
+
+    def secure_layout(self) -> dict[str, tuple[int, ...]]:
+        layout = secure_aggregation.class_table_layout(
+            self.num_classes, (self.feature_dim + self.num_classes,))
+        if self.settings.group_avg:
+            layout.update(secure_aggregation.group_table_layout(
+                group_layouts(self.cfg, self.input_shape, self.num_classes),
+                prefix=GROUP_PREFIX))
+        return layout
+
+    def aggregate_sums(self, server_round: int, sums: Payload, uploads: list[Upload]) -> None:
+        # history = "latest-round": a class of this round is stored as the one mean of its
+        # holders' entries, which is what the store's mean over them is; the other classes
+        # keep their entries. Each group model is the n_k-weighted mean of its survivors.
+        means = secure_aggregation.class_means_from_sums(sums)
+        labels = np.array(sorted(means), np.int64)
+        rows = (np.stack([means[c] for c in labels]) if len(labels) else
+                np.zeros((0, self.feature_dim + self.num_classes), np.float32))
+        self.store.add_round([(labels, rows[:, :self.feature_dim], rows[:, self.feature_dim:])])
+        if self.settings.group_avg:
+            means = secure_aggregation.group_means_from_sums(
+                sums, group_layouts(self.cfg, self.input_shape, self.num_classes),
+                prefix=GROUP_PREFIX)
+            self.group_models.update({arch: secure_aggregation.in_dtypes_of(
+                mean, self.group_models[arch]) for arch, mean in means.items()})
+        self.update_tables(server_round)
+
+    def update_tables(self, server_round: int) -> None:
+        """The tables s[c], p[c] sent down: the store's per-class means (or the robust
+        rule's combination of each class's entries)."""
         labels, features, logits = self.store.means()
         if self.robust.rule != "none" and len(labels):
             # Per class over its stored entries (the history holds an attacker's too).
