@@ -278,7 +278,8 @@ def test_fedapp_methods_says_which_methods_take_secure_aggregation(capsys):
     from fedapp.cli.main import main
     assert main(["methods"]) == 0
     assert ("secure-aggregation = true (the server sees only sums, docs/privacy.md) runs: "
-            "dsfl, fedavg, fedclassavg, fedmd, fedmrl, fedproto, fml, lg-fedavg\n"
+            "depthfl, dsfl, fedavg, fedclassavg, fedmd, fedmrl, fedproto, fedrolex, fjord, fml, "
+            "heterofl, lg-fedavg\n"
             ) in capsys.readouterr().out
 
 
@@ -287,8 +288,8 @@ def test_every_method_card_declares_whether_its_server_works_from_sums():
         assert method.secure_aggregation, name
     takes = sorted(n for n, m in METHODS.items()
                    if m.secure_aggregation in ("as-is", "fixed-layout"))
-    assert takes == ["dsfl", "fedavg", "fedclassavg", "fedmd", "fedmrl", "fedproto", "fml",
-                     "lg-fedavg"]
+    assert takes == ["depthfl", "dsfl", "fedavg", "fedclassavg", "fedmd", "fedmrl", "fedproto",
+                     "fedrolex", "fjord", "fml", "heterofl", "lg-fedavg"]
 
 
 # -- the dense layout, by hand ------------------------------------------------------------------

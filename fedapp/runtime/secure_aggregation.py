@@ -188,6 +188,14 @@ def weighted_mean(sums: Mapping[str, np.ndarray]) -> Payload:
     return {name: array / total for name, array in sums.items() if name != SUM_WEIGHT}
 
 
+# -- sub-models: slices padded to the global model (fedapp.runtime.submodels) -----------------
+def sum_error(cfg: RunConfig, survivors: int) -> float:
+    """The most a sum of ``survivors`` dense uploads' values is off by: less than one
+    quantisation step (2c / Q) per upload. A summed weight at or below it is nobody's (a
+    coordinate no survivor holds sums exact zeros: 0 quantises exactly)."""
+    return survivors * 2 * clipping_range(cfg) / QUANTIZATION_RANGE
+
+
 # -- the client: Flower's mod, on the messages of the protocol only ------------------------------
 def client_mod(message: Message, context: Context, call_next) -> Message:
     """Flower's ``secaggplus_mod`` for the protocol's messages (TRAIN messages that carry its
