@@ -14,7 +14,7 @@ import pytest
 
 from fedapp.runtime.strategy_base import ClientInfo
 from fedapp.runtime.submodels import (HELD, CoordinateAverage, index_maps, padded_layout,
-                                      whole_maps)
+                                      padded_upload, whole_maps)
 from strategies import METHODS, load_config
 from tests.test_secure_aggregation import flat_config, runs, step  # noqa: F401 (a fixture)
 
@@ -149,12 +149,8 @@ def test_padded_sums_give_the_coordinate_average_by_hand():
     assert [list(i) for i in maps_a["layer"]] == [[3, 0], [0, 1]]
     a = {"layer": np.array([[1.0, 2.0], [3.0, 4.0]]), "head.weight": np.arange(6.0).reshape(3, 2)}
     b = {"layer": np.ones((4, 2)), "head.weight": np.ones((3, 4))}
-    uploads = []
-    for values, maps, weight, rows in ((a, maps_a, 0.5, np.array([0, 2])),
-                                       (b, maps_b, 0.25, None)):
-        one = CoordinateAverage({n: np.zeros(s) for n, s in shapes.items()})
-        one.add(values, maps, weight, rows)
-        uploads.append(one.padded())
+    uploads = [padded_upload(shapes, a, maps_a, 0.5, np.array([0, 2])),
+               padded_upload(shapes, b, maps_b, 0.25)]
     assert {n: u.shape for n, u in uploads[0].items()} == padded_layout(shapes)
     assert sorted(uploads[0]) == sorted(["layer", "head.weight", HELD + "layer",
                                          HELD + "head.weight"])

@@ -152,6 +152,16 @@ def padded_layout(global_shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple
             **{HELD + name: tuple(shape) for name, shape in global_shapes.items()}}
 
 
+def padded_upload(global_shapes: Mapping[str, Sequence[int]], values: Payload, maps: IndexMap,
+                  weight: float = 1.0, rows: np.ndarray | None = None) -> Payload:
+    """One client's fixed-layout upload (``secure-aggregation``): the :class:`CoordinateAverage`
+    of its slice alone (``add``'s arguments), :meth:`~CoordinateAverage.padded`."""
+    total = CoordinateAverage({name: np.zeros(shape, np.float32)
+                               for name, shape in global_shapes.items()})
+    total.add(values, maps, weight, rows)
+    return total.padded()
+
+
 def whole_maps(shapes: Mapping[str, Sequence[int]]) -> IndexMap:
     """Index maps that hold every coordinate of each tensor named (DepthFL's prefix entries,
     which are the global model's own)."""

@@ -49,7 +49,8 @@ from fedapp.runtime.aggregate import average_where_held
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
-from fedapp.runtime.submodels import CoordinateAverage, meta_shapes, padded_layout, whole_maps
+from fedapp.runtime.submodels import (CoordinateAverage, meta_shapes, padded_layout,
+                                      padded_upload, whole_maps)
 from fedapp.runtime.training import EVAL_BATCH, TrainStats, train_recipe
 from fedapp.seeding import isolated_rng
 from strategies.depthfl import DepthFLSettings
@@ -221,11 +222,9 @@ class DepthFLClient(FedClient):
         s: DepthFLSettings = self.cfg.settings
         global_shapes = meta_shapes(lambda: build_depth_model(
             s.model, max_depth(s.model), *expected_input(self.cfg), width=self.cfg.model_width))
-        total = CoordinateAverage({name: np.zeros(shape, np.float32)
-                                   for name, shape in global_shapes.items()})
-        total.add(values, whole_maps({name: a.shape for name, a in values.items()}),
-                  self.secure_weight())
-        return total.padded()
+        return padded_upload(global_shapes, values,
+                             whole_maps({name: a.shape for name, a in values.items()}),
+                             self.secure_weight())
 
     def fit_metrics(self) -> dict:
         return {"term-kd-weight": self.kd_weight}

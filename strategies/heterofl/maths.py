@@ -47,7 +47,7 @@ from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
 from fedapp.runtime.submodel_settings import SubmodelSettings
 from fedapp.runtime.submodels import (CoordinateAverage, IndexMap, extract, index_maps,
                                       label_mask, masked_logits, meta_shapes, padded_layout,
-                                      window_offset, with_statistics)
+                                      padded_upload, window_offset, with_statistics)
 from fedapp.runtime.training import EVAL_BATCH, evaluate
 from fedapp.seeding import derive_seed, isolated_rng
 from strategies.heterofl import HeteroFLSettings
@@ -150,10 +150,8 @@ class SubmodelClient(FedClient):
         maps = slice_maps(self.cfg.settings, global_shapes,
                           {name: array.shape for name, array in upload.items()},
                           self.submodel_round)
-        total = CoordinateAverage({name: np.zeros(shape, np.float32)
-                                   for name, shape in global_shapes.items()})
-        total.add(upload, maps, self.secure_weight(), self.head_rows())
-        return total.padded()
+        return padded_upload(global_shapes, upload, maps, self.secure_weight(),
+                             self.head_rows())
 
     def predictor(self) -> nn.Module:
         """The slice, with BatchNorm statistics of this client's training data (sBN), or with
