@@ -37,12 +37,6 @@ if TYPE_CHECKING:
     from fedapp.runtime.strategy_base import FedStrategy
 
 
-# Method.secure_aggregation of a method whose server could work from the sums of a fixed-layout
-# variant of its upload that is not built yet (docs/privacy.md says which layout).
-NOT_BUILT = ("its server could work from the sums of a fixed-layout variant of its upload "
-             "(docs/privacy.md), which is not built yet")
-
-
 @dataclass(frozen=True)
 class Method:
     """A method's card: its two halves and the constraints it puts on the federation."""

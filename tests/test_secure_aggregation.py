@@ -261,7 +261,6 @@ def test_fedapp_settings_shows_the_secure_aggregation_settings():
     (dict(method="fedgh"), ["'fedgh'", "individual", "Methods that take it: ",
                             "fedproto", "fedavg"]),
     (dict(method="fedkd"), ["'fedkd'", "SVD factors"]),
-    (dict(method="felo"), ["'felo'", "not built yet"]),
     (dict(method="standalone"), ["'standalone'", "upload nothing"]),
     (dict(method="fedhe", server_loop="async"), ["server-loop = 'async'", "'fedhe'",
                                                  "no cohort to sum"]),
@@ -283,8 +282,9 @@ def test_fedapp_methods_says_which_methods_take_secure_aggregation(capsys):
     from fedapp.cli.main import main
     assert main(["methods"]) == 0
     assert ("secure-aggregation = true (the server sees only sums, docs/privacy.md) runs: "
-            "compfl, dsfl, fd, fedavg, fedclassavg, fedgen, fedhe, fedl2g, fedmd, fedmrl, "
-            "fedper, fedproto, fedrep, felo, fml, "
+            "compfl, depthfl, dsfl, fd, fedavg, fedclassavg, fedgen, fedhe, fedl2g, fedmd, "
+            "fedmrl, fedper, fedproto, fedrep, fedrolex, felo, fjord, fml, heterofl, "
+            "lg-fedavg\n"
             ) in capsys.readouterr().out
 
 
@@ -293,9 +293,9 @@ def test_every_method_card_declares_whether_its_server_works_from_sums():
         assert method.secure_aggregation, name
     takes = sorted(n for n, m in METHODS.items()
                    if m.secure_aggregation in ("as-is", "fixed-layout"))
-    assert takes == ["compfl", "dsfl", "fd", "fedavg", "fedclassavg", "fedgen", "fedhe",
-                     "fedl2g", "fedmd", "fedmrl", "fedper", "fedproto", "fedrep", "felo", "fml",
-                     "lg-fedavg"]
+    assert takes == ["compfl", "depthfl", "dsfl", "fd", "fedavg", "fedclassavg", "fedgen",
+                     "fedhe", "fedl2g", "fedmd", "fedmrl", "fedper", "fedproto", "fedrep",
+                     "fedrolex", "felo", "fjord", "fml", "heterofl", "lg-fedavg"]
 
 
 # -- the dense layout, by hand ------------------------------------------------------------------

@@ -277,6 +277,12 @@ def in_dtypes_of(mean: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray])
     (BatchNorm's counters) rounded back to int64."""
     return {name: (np.rint(a).astype(np.int64) if like[name].dtype.kind in "iu"
                    else a.astype(np.float32)) for name, a in mean.items()}
+# -- sub-models: slices padded to the global model (fedapp.runtime.submodels) -----------------
+def sum_error(cfg: RunConfig, survivors: int) -> float:
+    """The most a sum of ``survivors`` dense uploads' values is off by: less than one
+    quantisation step (2c / Q) per upload. A summed weight at or below it is nobody's (a
+    coordinate no survivor holds sums exact zeros: 0 quantises exactly)."""
+    return survivors * 2 * clipping_range(cfg) / QUANTIZATION_RANGE
 
 
 # -- the client: Flower's mod, on the messages of the protocol only ------------------------------

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Generic, Mapping, TypeVar
+from typing import Callable, ClassVar, Generic, Mapping, TypeVar
 
 from fedapp.config import ConfigError, RunConfig, opt
 
@@ -167,6 +167,10 @@ def width_rate(token: str) -> Fraction:
 @dataclass(frozen=True)
 class SubmodelSettings:
     """``<method>.*`` keys every width sub-model method has."""
+
+    # Which channels a slice keeps along a sliced dimension (fedapp.runtime.submodels.window):
+    # the method's, not a setting (FedRolex: "rolling").
+    index_scheme: ClassVar[str] = "leading"
 
     global_arch: str = opt(
         "heterofl-conv", "the global model, one width-sliceable architecture (`fedapp models` "

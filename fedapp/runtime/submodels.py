@@ -20,12 +20,17 @@ client adds its values and a count of 1 at the coordinates its slice holds (Σ v
 counts per coordinate, what a secure sum gives); coordinates with a count take Σ/count, the
 others keep their value. Optionally the head's rows are restricted to the client's own labels
 (HeteroFL's label-split head) and the values weighted (FjORD's n_k).
+
+With ``secure-aggregation`` the same average runs on the other side of the sum: each client
+makes its own one-client average and uploads its Σ and Σ weights padded to the global model's
+shapes (:meth:`CoordinateAverage.padded`, :func:`padded_layout`), so the survivors' sum is
+the round's Σ and Σ weights, and the server divides (:meth:`CoordinateAverage.from_padded`).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -35,6 +40,8 @@ from fedapp.runtime.payload import Payload
 
 INDEX_SCHEMES = ("leading", "rolling")
 HEAD_KEYS = ("head.weight", "head.bias")
+# With secure aggregation, the prefix of a tensor's summed weights in a padded upload.
+HELD = "secagg/held/"
 
 # Per tensor, one int64 index array per dimension into the global tensor.
 IndexMap = dict[str, tuple[np.ndarray, ...]]
@@ -107,6 +114,26 @@ class CoordinateAverage:
             self.sums[name][where] += weight * value
             self.counts[name][where] += weight
 
+    # -- secure aggregation: the sums travel, padded to the global model ----------------------
+    def padded(self) -> Payload:
+        """Σ values and Σ weights as a fixed-layout upload (``secure-aggregation``): every
+        tensor at the global model's shape, zeros where nothing was added, and its weights
+        beside it (:func:`padded_layout`). A client's one :meth:`add` makes its upload; the
+        sum of the survivors' is the round's :class:`CoordinateAverage`."""
+        return {**self.sums, **{HELD + name: count for name, count in self.counts.items()}}
+
+    @classmethod
+    def from_padded(cls, previous: Payload, sums: Mapping[str, np.ndarray],
+                    noise: float) -> CoordinateAverage:
+        """The average of summed :meth:`padded` uploads. A coordinate counts as held where
+        its summed weight is above ``noise``, the quantisation error of a sum of weights (an
+        unheld coordinate sums exact zeros; a held one at least the smallest client weight)."""
+        total = cls(previous)
+        total.sums = {name: np.asarray(sums[name], np.float64) for name in previous}
+        total.counts = {name: np.where(sums[HELD + name] > noise, sums[HELD + name], 0.0)
+                        for name in previous}
+        return total
+
     def result(self) -> Payload:
         out = {}
         for name, previous in self.previous.items():
@@ -116,6 +143,45 @@ class CoordinateAverage:
             merged[held] = (self.sums[name][held] / count[held]).astype(np.float32)
             out[name] = merged
         return out
+
+
+def padded_layout(global_shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+    """The fixed layout of :meth:`CoordinateAverage.padded`: every tensor of the global model,
+    and its weights (``secagg/held/<name>``) at the same shape: the global model twice over."""
+    return {**{name: tuple(shape) for name, shape in global_shapes.items()},
+            **{HELD + name: tuple(shape) for name, shape in global_shapes.items()}}
+
+
+def padded_upload(global_shapes: Mapping[str, Sequence[int]], values: Payload, maps: IndexMap,
+                  weight: float = 1.0, rows: np.ndarray | None = None) -> Payload:
+    """One client's fixed-layout upload (``secure-aggregation``): the :class:`CoordinateAverage`
+    of its slice alone (``add``'s arguments), :meth:`~CoordinateAverage.padded`."""
+    total = CoordinateAverage({name: np.zeros(shape, np.float32)
+                               for name, shape in global_shapes.items()})
+    total.add(values, maps, weight, rows)
+    return total.padded()
+
+
+def whole_maps(shapes: Mapping[str, Sequence[int]]) -> IndexMap:
+    """Index maps that hold every coordinate of each tensor named (DepthFL's prefix entries,
+    which are the global model's own)."""
+    return {name: tuple(np.arange(d, dtype=np.int64) for d in shape)
+            for name, shape in shapes.items()}
+
+
+def meta_shapes(build: Callable[[], nn.Module]) -> dict[str, tuple[int, ...]]:
+    """The state-dict shapes of the model ``build()`` makes, as ``state_arrays`` gives them (a
+    0-d entry as (1,)), built on the meta device: nothing allocated, no random draw (a client
+    that needs the global model's shapes and holds only its slice)."""
+    with torch.device("meta"):
+        model = build()
+    return {name: tuple(v.shape) or (1,) for name, v in model.state_dict().items()}
+
+
+def window_offset(server_round: int) -> int:
+    """t, the rolling window's offset in ``server_round`` (t = round - 1; the leading scheme
+    ignores it). The server and, under secure aggregation, the client compute it alike."""
+    return server_round - 1
 
 
 def masked_logits(logits: torch.Tensor, label_mask: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedapp.config import ConfigError, RunConfig, opt
-from strategies import NOT_BUILT, Method
+from strategies import Method
 
 ASSIGNMENTS = ("round-robin", "blocks", "random")  # client_models.ASSIGNMENT_MODES (no torch)
 
@@ -128,4 +128,4 @@ METHOD = Method("depth-scaled sub-models of one multi-exit global model: a clien
                 "the server averages each entry over the clients whose prefix holds it",
                 strategy_class="DepthFL", client_class="DepthFLClient",
                 settings=DepthFLSettings, recipe=RECIPE, payload_kinds=("sub-model",),
-                secure_aggregation=NOT_BUILT)
+                secure_aggregation="fixed-layout")

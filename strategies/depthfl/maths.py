@@ -44,10 +44,13 @@ from client_models.depth_prefix import (DepthPrefixModel, build_depth_model, max
 from fedapp.config import RunConfig
 from fedapp.data.local_data import expected_input
 from fedapp.data.setup import model_init_seed
+from fedapp.runtime import secure_aggregation
 from fedapp.runtime.aggregate import average_where_held
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
+from fedapp.runtime.submodels import (CoordinateAverage, meta_shapes, padded_layout,
+                                      padded_upload, whole_maps)
 from fedapp.runtime.training import EVAL_BATCH, TrainStats, train_recipe
 from fedapp.seeding import isolated_rng
 from strategies.depthfl import DepthFLSettings
@@ -107,6 +110,14 @@ def aggregate_prefixes(global_model: Payload, payloads: list[Payload], h: dict[s
     h <- h - alpha * count * (mean - theta_old) / K and theta = mean - h / alpha. An entry no
     payload holds keeps its value (and its h)."""
     means, counts = average_where_held(payloads)
+    return feddyn_step(global_model, means, counts, h, alpha, num_clients, feddyn)
+
+
+def feddyn_step(global_model: Payload, means: dict[str, np.ndarray], counts: dict[str, int],
+                h: dict[str, np.ndarray], alpha: float, num_clients: int, feddyn: bool
+                ) -> tuple[Payload, dict[str, np.ndarray]]:
+    """:func:`aggregate_prefixes` from the entries' means and holder counts (the entries held
+    this round; what a secure sum gives as well: ``DepthFL.aggregate_sums``)."""
     new_model, new_h = dict(global_model), dict(h)
     for name, mean in means.items():
         old = global_model[name]
@@ -160,6 +171,9 @@ class DepthFLClient(FedClient):
         names = set(self.model.state_dict())
         load_arrays(self.model, {k: v for k, v in payload.items() if k in names})
         self.anchor = {k: p.detach().clone() for k, p in self.model.named_parameters()}
+        # BatchNorm's batch counters as received (secure_upload sends their change).
+        self.received_counts = {k: np.asarray(v) for k, v in payload.items()
+                                if k in names and np.asarray(v).dtype.kind in "iu"}
 
     def feddyn_h(self) -> dict[str, torch.Tensor]:
         """h_k as last saved (zeros at first)."""
@@ -192,6 +206,25 @@ class DepthFLClient(FedClient):
 
     def upload(self) -> Payload:
         return state_arrays(self.model)
+
+    def secure_weight(self) -> float:
+        return 1.0  # DepthFL's average is unweighted
+
+    def secure_upload(self, upload: Payload) -> Payload:
+        # The prefix padded to the full depth: every entry it holds (whole, at the global
+        # model's name) and a weight of 1 there, zeros for the deeper entries; the survivors'
+        # sum gives each entry's Σ and its number of holders (DepthFL.aggregate_sums).
+        # BatchNorm's batch counters travel as their change since the round's global value,
+        # which every holder received: the counters keep growing over the rounds and would
+        # pass the clipping range (upload-max-abs), their change is the round's local steps.
+        values = {name: array - self.received_counts[name] if name in self.received_counts
+                  else array for name, array in upload.items()}
+        s: DepthFLSettings = self.cfg.settings
+        global_shapes = meta_shapes(lambda: build_depth_model(
+            s.model, max_depth(s.model), *expected_input(self.cfg), width=self.cfg.model_width))
+        return padded_upload(global_shapes, values,
+                             whole_maps({name: a.shape for name, a in values.items()}),
+                             self.secure_weight())
 
     def fit_metrics(self) -> dict:
         return {"term-kd-weight": self.kd_weight}
@@ -270,6 +303,26 @@ class DepthFL(FedStrategy):
         self.global_model, self.h = aggregate_prefixes(
             self.global_model, [u.payload for u in uploads], self.h, s.feddyn_alpha,
             self.cfg.num_clients, s.feddyn)
+
+    def secure_layout(self) -> dict[str, tuple[int, ...]]:
+        return padded_layout({name: array.shape for name, array in self.global_model.items()})
+
+    def aggregate_sums(self, server_round: int, sums: Payload, uploads: list[Upload]) -> None:
+        # aggregate's step from the sums of the survivors' padded prefixes: an entry's summed
+        # weight is its number of holders (a prefix holds an entry whole), its Σ over that the
+        # mean; a counter's mean change is added to the value every holder received.
+        noise = secure_aggregation.sum_error(self.cfg, len(uploads))
+        total = CoordinateAverage.from_padded(self.global_model, sums, noise)
+        means, counts = {}, {}
+        for name, weight in total.counts.items():
+            if not weight.size or weight.flat[0] <= 0:
+                continue  # no survivor's prefix holds it
+            old = self.global_model[name]
+            means[name] = total.sums[name] / weight + (old if old.dtype.kind in "iu" else 0)
+            counts[name] = int(np.rint(weight.flat[0]))
+        s = self.settings
+        self.global_model, self.h = feddyn_step(self.global_model, means, counts, self.h,
+                                                s.feddyn_alpha, self.cfg.num_clients, s.feddyn)
 
     @torch.no_grad()
     def server_predict(self, x: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from strategies import NOT_BUILT, Method
+from strategies import Method
 from strategies.heterofl import HeteroFLSettings
 
 
@@ -14,6 +15,8 @@ class FedRolexSettings(HeteroFLSettings):
     """``fedrolex.*``: HeteroFL's settings (its rates, masked head, Scaler and statistics);
     only the index window differs. ``sbn = "none"`` is the code's evaluation with the test
     batches' own statistics; the default keeps HeteroFL's sBN."""
+
+    index_scheme: ClassVar[str] = "rolling"
 
 
 # FedRolex's README command and resnet_client.py: SGD lr 2e-4, momentum 0.9, weight decay 1e-3,
@@ -28,4 +31,4 @@ METHOD = Method("HeteroFL's width slices, but each layer's kept channels are a w
                 "equally often",
                 strategy_class="FedRolex", client_class="FedRolexClient",
                 settings=FedRolexSettings, recipe=RECIPE, payload_kinds=("sub-model",),
-                secure_aggregation=NOT_BUILT)
+                secure_aggregation="fixed-layout")

@@ -18,10 +18,9 @@ from strategies.heterofl.maths import HeteroFL, SubmodelClient
 
 class FedRolexClient(SubmodelClient):
     """HeteroFL's client: it trains the slice it receives, whichever window it is (the window
-    is the server's business and never travels)."""
+    never travels; with secure aggregation the client computes it from the round, to pad its
+    slice)."""
 
 
 class FedRolex(HeteroFL):
-    """HeteroFL's server with the rolling index scheme."""
-
-    index_scheme = "rolling"
+    """HeteroFL's server with the rolling index scheme (``FedRolexSettings.index_scheme``)."""

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 from fedapp.config import ConfigError, RunConfig, opt
 from fedapp.runtime.submodel_settings import SubmodelSettings, width_rate
-from strategies import NOT_BUILT, Method
+from strategies import Method
 
 
 @dataclass(frozen=True)
@@ -58,4 +58,4 @@ METHOD = Method("ordered dropout: a client of tier p_max trains, per batch, the 
                 "slices averaged by samples over the clients holding them",
                 strategy_class="FjORD", client_class="FjORDClient", settings=FjORDSettings,
                 recipe=RECIPE, payload_kinds=("sub-model",),
-                secure_aggregation=NOT_BUILT)
+                secure_aggregation="fixed-layout")

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from client_models.width import set_width
-from fedapp.runtime.client_base import load_arrays
+from fedapp.runtime.client_base import FedClient, load_arrays
 from fedapp.runtime.strategy_base import ClientInfo, Upload
 from fedapp.runtime.submodels import CoordinateAverage
 from fedapp.runtime.training import TrainStats
@@ -71,6 +71,12 @@ class FjORDClient(SubmodelClient):
 
     def evaluation_variants(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         return {}
+
+    # With secure aggregation: the whole head, weighted by n_k (FjORD.aggregate).
+    def head_rows(self) -> np.ndarray | None:
+        return None
+
+    secure_weight = FedClient.secure_weight  # n_k / S: the base's, not HeteroFL's 1
 
 
 class FjORD(HeteroFL):

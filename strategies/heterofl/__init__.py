@@ -8,7 +8,7 @@ from fractions import Fraction
 
 from fedapp.config import opt
 from fedapp.runtime.submodel_settings import SubmodelSettings
-from strategies import NOT_BUILT, Method
+from strategies import Method
 
 
 @dataclass(frozen=True)
@@ -42,4 +42,4 @@ METHOD = Method("clients train width slices (the leading ⌈r·w⌉ channels of 
                 "global model; each coordinate is averaged over the clients holding it",
                 strategy_class="HeteroFL", client_class="SubmodelClient",
                 settings=HeteroFLSettings, recipe=RECIPE, payload_kinds=("sub-model",),
-                secure_aggregation=NOT_BUILT)
+                secure_aggregation="fixed-layout")

@@ -40,11 +40,14 @@ from client_models.width import build_width_model
 from fedapp.data import setup
 from fedapp.data.local_data import expected_input
 from fedapp.data.partitions import load_client_data
+from fedapp.runtime import secure_aggregation
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
+from fedapp.runtime.submodel_settings import SubmodelSettings
 from fedapp.runtime.submodels import (CoordinateAverage, IndexMap, extract, index_maps,
-                                      label_mask, masked_logits, with_statistics)
+                                      label_mask, masked_logits, meta_shapes, padded_layout,
+                                      padded_upload, window_offset, with_statistics)
 from fedapp.runtime.training import EVAL_BATCH, evaluate
 from fedapp.seeding import derive_seed, isolated_rng
 from strategies.heterofl import HeteroFLSettings
@@ -58,6 +61,15 @@ def width_model(cfg, rate: Fraction, input_shape: tuple[int, int, int],
     s: HeteroFLSettings = cfg.settings
     return build_width_model(s.global_arch, input_shape, num_classes, rate,
                              width=cfg.model_width, **s.model_options(rate))
+
+
+def slice_maps(settings: SubmodelSettings, global_shapes: dict[str, tuple[int, ...]],
+               slice_shapes: dict[str, tuple[int, ...]], server_round: int) -> IndexMap:
+    """The index maps of a slice in ``server_round``: the method's index scheme, and the
+    rolling window's offset in that round. The server computes them for every upload; with
+    secure aggregation the client computes its own, to pad its slice."""
+    return index_maps(global_shapes, slice_shapes, settings.index_scheme,
+                      window_offset(server_round))
 
 
 class MaskedHead(nn.Module):
@@ -117,6 +129,30 @@ class SubmodelClient(FedClient):
     def upload(self) -> Payload:
         return state_arrays(self.model)
 
+    # -- secure aggregation: the slice padded to the global model --------------------------------
+    def head_rows(self) -> np.ndarray | None:
+        """The head rows this client adds and counts: its own classes with the label-split head
+        (the server's ``HeteroFL.label_rows``), None = all rows."""
+        if not self.cfg.settings.mask:
+            return None
+        return np.flatnonzero(self.own_classes.cpu().numpy()).astype(np.int64)
+
+    def secure_weight(self) -> float:
+        return 1.0  # HeteroFL's average is unweighted
+
+    def secure_upload(self, upload: Payload) -> Payload:
+        # The server's CoordinateAverage of this one client, padded to the global model's
+        # shapes: its slice (its head rows only, with the label-split head) times its weight
+        # at the coordinates it holds, and that weight there; zeros elsewhere. The survivors'
+        # sum is the round's Σ values and Σ weights (HeteroFL.aggregate_sums).
+        global_shapes = meta_shapes(lambda: width_model(self.cfg, Fraction(1),
+                                                        *expected_input(self.cfg)))
+        maps = slice_maps(self.cfg.settings, global_shapes,
+                          {name: array.shape for name, array in upload.items()},
+                          self.submodel_round)
+        return padded_upload(global_shapes, upload, maps, self.secure_weight(),
+                             self.head_rows())
+
     def predictor(self) -> nn.Module:
         """The slice, with BatchNorm statistics of this client's training data (sBN), or with
         the test batches' own (``sbn = "none"``)."""
@@ -137,7 +173,6 @@ class SubmodelClient(FedClient):
 class HeteroFL(FedStrategy):
     """Holds the global model; sends each client its slice and averages per coordinate."""
 
-    index_scheme = "leading"  # FedRolex: "rolling"
     _caches = ("_shapes", "_slices", "_predictor", "_label_rows")
 
     def __init__(self, *args, **kwargs) -> None:
@@ -161,9 +196,10 @@ class HeteroFL(FedStrategy):
         self._slices, self._predictor = (0, {}), None
 
     # -- who holds which coordinates -------------------------------------------------------------
-    def offset(self, server_round: int) -> int:
-        """The index window's offset in ``server_round`` (only the rolling scheme reads it)."""
-        return server_round - 1
+    @property
+    def index_scheme(self) -> str:
+        """The settings' (HeteroFL: "leading"; FedRolex: "rolling")."""
+        return self.settings.index_scheme
 
     def slice_shapes(self, rate: Fraction) -> dict[str, tuple[int, ...]]:
         if rate not in self._shapes:
@@ -174,14 +210,14 @@ class HeteroFL(FedStrategy):
     def maps(self, partition_id: int, server_round: int) -> IndexMap:
         """The index maps of ``partition_id``'s slice in ``server_round``."""
         rate = self.settings.client_rates(self.cfg, server_round)[partition_id]
-        return index_maps({k: v.shape for k, v in self.global_model.items()},
-                          self.slice_shapes(rate), self.index_scheme, self.offset(server_round))
+        return slice_maps(self.settings, {k: v.shape for k, v in self.global_model.items()},
+                          self.slice_shapes(rate), server_round)
 
     def slice_for(self, partition_id: int, server_round: int) -> Payload:
         """The slice of the global model ``partition_id`` trains in ``server_round``: one
         dict per distinct (rate, window), so that it is encoded once for all its clients."""
         rate = self.settings.client_rates(self.cfg, server_round)[partition_id]
-        key = (rate, self.offset(server_round) if self.index_scheme != "leading" else 0)
+        key = (rate, window_offset(server_round) if self.index_scheme != "leading" else 0)
         if self._slices[0] != id(self.global_model):
             self._slices = (id(self.global_model), {})
         kept = self._slices[1]
@@ -221,6 +257,16 @@ class HeteroFL(FedStrategy):
             total.add(upload.payload, self.maps(upload.client.partition_id, server_round),
                       rows=self.label_rows(upload.client))
         self.global_model = total.result()
+
+    def secure_layout(self) -> dict[str, tuple[int, ...]]:
+        return padded_layout({name: array.shape for name, array in self.global_model.items()})
+
+    def aggregate_sums(self, server_round: int, sums: Payload, uploads: list[Upload]) -> None:
+        # The same coordinate average as aggregate, from the sums of the survivors' padded
+        # slices (each client added its own head rows and weight: SubmodelClient.secure_upload).
+        noise = secure_aggregation.sum_error(self.cfg, len(uploads))
+        self.global_model = CoordinateAverage.from_padded(self.global_model, sums,
+                                                          noise).result()
 
     # -- the paper's evaluation --------------------------------------------------------------------
     def global_predictor(self) -> nn.Module:
