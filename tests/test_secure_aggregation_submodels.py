@@ -16,7 +16,7 @@ from fedapp.runtime.strategy_base import ClientInfo
 from fedapp.runtime.submodels import (HELD, CoordinateAverage, index_maps, padded_layout,
                                       padded_upload, whole_maps)
 from strategies import METHODS, load_config
-from tests.test_secure_aggregation import flat_config, runs, step  # noqa: F401 (a fixture)
+from tests.test_secure_aggregation import flat_config, run_cache, step
 
 # Four clients at four width rates (HeteroFL's a1-b1-c1-d1-e1 gives 4 clients a, b, c, d), so
 # every hidden coordinate has its own holders; HeteroFL's and FedRolex's label-split head (the
@@ -28,6 +28,12 @@ WIDTH = {"heterofl": {"heterofl.sbn": "none"}, "fedrolex": {"fedrolex.sbn": "non
 # Two depths of the 4-stage conv: stages 2 and 3 are nobody's and keep their value.
 DEPTH = {"depthfl.model": "cnn4", "depthfl.depths": "1,2"}
 SMALL = {"model_width": 0.125}  # half the harness's width: a cheaper round
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The runs the tests compare, each made once."""
+    return run_cache(tmp_path_factory)
 
 
 def rolled(method: str):
