@@ -20,13 +20,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from fedapp.cli.deploy import connected_env, make_certificates, make_node_key
-from fedapp.cli.flower import (_free_port, group_members, run_status, stop_process_group,
-                               wait_for_port)
+from fedapp.cli.deploy import make_certificates, make_node_key
+from fedapp.cli.flower import run_status, stop_process_group
+from fedapp.cli.loopback import FEDAPP, Loopback, Processes
 from fedapp.cli.main import main
 from fedapp.config import PROJECT_ROOT
-
-FEDAPP = [sys.executable, "-m", "fedapp.cli.main"]
 RUN_SETTINGS = ["--set", 'method="lg-fedavg"', "--set", "num-clients=2",
                 "--set", 'arch-mix="cnn5,cnn4"']
 
@@ -111,80 +109,42 @@ def test_superlink_state_in_its_database_or_in_memory(tmp_path, monkeypatch):
 # -- a real deployment on loopback (slow) -----------------------------------------------------
 @pytest.fixture
 def spawn(tmp_path):
-    """Start ``fedapp deploy ...`` commands in their own process groups; stop every one of
-    them (and all they spawned) when the test ends, passed or failed."""
-    started: list[subprocess.Popen] = []
-
-    def start(name: str, *args: str) -> subprocess.Popen:
-        with open(tmp_path / f"{name}.log", "w") as log:
-            proc = subprocess.Popen([*FEDAPP, "deploy", *args], cwd=PROJECT_ROOT, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        started.append(proc)
-        return proc
-
-    def stop_all() -> list[str]:
-        for proc in reversed(started):
-            stop_process_group(proc)
-        return [pid for proc in started for pid in group_members(proc.pid)]
-
-    start.stop_all = stop_all
-    start.started = started
-    yield start
-    stop_all()
+    """Start ``fedapp deploy ...`` commands in their own process groups, each logging to
+    ``tmp_path/NAME.log``; stop every one of them (and all they spawned) when the test ends,
+    passed or failed."""
+    processes = Processes(tmp_path)
+    yield processes
+    processes.stop_all()
 
 
 def _deployment(tmp_path: Path, spawn, *superlink_options: str, sites: int = 2):
-    """A loopback deployment: a SuperLink with TLS and SuperNode authentication, the keys of
-    site0, site1, ... (``sites`` of them) registered (and an intruder's made, not registered),
-    site1 reading the data-dir exported for it, the others taking their partitions by id.
-    ``deployed_run``'s settings must then say ``num-clients = sites``. Returns a function
-    starting a
-    further SuperNode by its key's name, and one making a ``fedapp deploy run`` of the smoke
-    preset, one round (in deployment every message runs in a ClientApp process of its own,
-    forked by the SuperNode's warm SuperExec; what crosses rounds is tested in simulation),
-    which returns its stdout and summary once the exit status and the SuperLink's own word on
-    the run (the exit status already depends on it) say it completed; and the environment of
-    plain ``flwr`` commands connected to the SuperLink."""
-    d = ["--dir", str(tmp_path / "deployment")]
-    assert main(["deploy", "certs", *d]) == 0
-    names = [f"site{pid}" for pid in range(sites)]
-    assert main(["deploy", "node-key", *names, "intruder", *d]) == 0
-    keys = tmp_path / "deployment" / "keys"
+    """A loopback deployment (fedapp.cli.loopback): a SuperLink with TLS and SuperNode
+    authentication, the keys of site0, site1, ... (``sites`` of them) registered (and an
+    intruder's made, not registered), site1 reading the data-dir exported for it, the others
+    taking their partitions by id. ``deployed_run``'s settings must then say ``num-clients =
+    sites``. Returns a function starting a further SuperNode by its key's name, and one making
+    a ``fedapp deploy run`` of the smoke preset, one round (in deployment every message runs in
+    a ClientApp process of its own, forked by the SuperNode's warm SuperExec; what crosses
+    rounds is tested in simulation), which returns its stdout and summary once the exit status
+    and the SuperLink's own word on the run (the exit status already depends on it) say it
+    completed; and the environment of plain ``flwr`` commands connected to the SuperLink."""
     assert main(["deploy", "export-shard", "smoke", *RUN_SETTINGS, "--set",
                  f"num-clients={sites}", "--partition-id", "1",
                  "--out", str(tmp_path / "site1-data")]) == 0
-
-    port = _free_port()
-    superlink = spawn("superlink", "superlink", "--port", str(port), *superlink_options, *d)
-    wait_for_port(superlink, port, "the SuperLink", tmp_path / "superlink.log")
-    address = f"127.0.0.1:{port}"
-    assert main(["deploy", "connect", address, *d]) == 0
-    assert main(["deploy", "register", *(str(keys / f"{n}.pub") for n in names), *d]) == 0
-
-    def supernode(name: str, node_config: str, *extra: str) -> subprocess.Popen:
-        return spawn(name, "supernode", "--superlink", address, "--key",
-                     str(keys / f"{name}.key"), "--port", str(_free_port()),
-                     "--node-config", node_config, *extra, *d)
-
-    for pid, name in enumerate(names):
-        own = (f'data-dir="{tmp_path / "site1-data"}"' if pid == 1 else 'device="cpu"')
-        supernode(name, f"partition-id={pid} num-partitions={sites} {own}")
+    link = Loopback(tmp_path / "deployment", spawn, sites, superlink_options, lambda pid: (
+        f'data-dir="{tmp_path / "site1-data"}"' if pid == 1 else 'device="cpu"'))
     out = tmp_path / "results"
-    env = connected_env(tmp_path / "deployment" / "flwr-home")
 
     def deployed_run(name: str, *settings: str) -> tuple[str, dict]:
-        proc = subprocess.run([*FEDAPP, "deploy", "run", "smoke", *RUN_SETTINGS,
-                               "--set", "num-server-rounds=1", *settings,
-                               "--set", f'run-name="{name}"',
-                               "--output-dir", str(out), *d],
-                              cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+        proc = link.run("smoke", *RUN_SETTINGS, "--set", "num-server-rounds=1", *settings,
+                        "--set", f'run-name="{name}"', "--output-dir", str(out))
         assert proc.returncode == 0, proc.stdout + proc.stderr
         log = (out / name / "flwr.log").read_text()
         run_id = next(line.split()[-1] for line in log.splitlines()
                       if "Successfully started run" in line)
-        assert run_status(env, run_id) == "finished:completed"
+        assert run_status(link.env, run_id) == "finished:completed"
         return proc.stdout, json.loads((out / name / "summary.json").read_text())
-    return supernode, deployed_run, env
+    return link.supernode, deployed_run, link.env
 
 
 @pytest.mark.slow
@@ -255,47 +215,28 @@ def _outcome(run_dir: Path) -> list:
     return [[{k: r[k] for k in keys} for r in rounds], summary["accuracy"]["per_client"]]
 
 
-@pytest.mark.slow
-@pytest.mark.long
-def test_a_superlink_killed_mid_run_resumes_on_the_same_database(tmp_path, spawn):
-    # A run with a checkpoint every round; its SuperLink, with the SuperExec and the ServerApp
-    # it runs (what a crash of the SuperLink's machine takes down), SIGKILLed after the round-1
-    # checkpoint; the SuperLink started again on the same database and port, the SuperNodes
-    # reconnecting by themselves; `fedapp deploy run --resume` continues from the checkpoint.
-    # Every round's per-client accuracies and traffic must equal those of an uninterrupted run.
+def _killed_and_resumed(tmp_path: Path, spawn, *settings: str) -> tuple[Path, Path]:
+    """Two runs of the smoke preset with ``settings`` on a loopback deployment of two
+    SuperNodes keeping their clients' state on disk (``state-dir``), two rounds with a
+    checkpoint every round: one uninterrupted ("whole"), and one whose SuperLink, with the
+    SuperExec and the ServerApp it runs (what a crash of the SuperLink's machine takes down),
+    is SIGKILLed after the round-1 checkpoint, started again on the same database and port
+    (the SuperNodes reconnect by themselves), and continued by ``fedapp deploy run --resume``
+    from the checkpoint ("killed"). Returns the two run folders once the resumed run said it
+    resumed after round 1."""
     from fedapp.cli.watchdog import descendants
-    d = ["--dir", str(tmp_path / "deployment")]
-    assert main(["deploy", "certs", *d]) == 0
-    assert main(["deploy", "node-key", "site0", "site1", *d]) == 0
-    keys = tmp_path / "deployment" / "keys"
-    port = _free_port()
-
-    def superlink(name: str) -> subprocess.Popen:
-        proc = spawn(name, "superlink", "--port", str(port), *d)
-        wait_for_port(proc, port, "the SuperLink", tmp_path / f"{name}.log")
-        return proc
-
-    first = superlink("superlink")
-    assert main(["deploy", "connect", f"127.0.0.1:{port}", *d]) == 0
-    assert main(["deploy", "register", str(keys / "site0.pub"), str(keys / "site1.pub"),
-                 *d]) == 0
-    for pid in (0, 1):
-        spawn(f"site{pid}", "supernode", "--superlink", f"127.0.0.1:{port}", "--key",
-              str(keys / f"site{pid}.key"), "--port", str(_free_port()), "--node-config",
-              f'partition-id={pid} num-partitions=2 state-dir="{tmp_path / f"state{pid}"}"', *d)
+    link = Loopback(tmp_path / "deployment", spawn, node_config=lambda pid: (
+        f'state-dir="{tmp_path / f"state{pid}"}"'))
     out = tmp_path / "results"
-    settings = [*RUN_SETTINGS, "--set", "num-server-rounds=2", "--set", "checkpoint-every=1"]
+    settings = [*RUN_SETTINGS, "--set", "num-server-rounds=2", "--set", "checkpoint-every=1",
+                *settings]
 
-    def deploy_run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*FEDAPP, "deploy", "run", *args, *d], cwd=PROJECT_ROOT,
-                              capture_output=True, text=True, timeout=600)
-
-    whole = deploy_run("smoke", *settings, "--set", 'run-name="whole"', "--output-dir", str(out))
+    whole = link.run("smoke", *settings, "--set", 'run-name="whole"', "--output-dir", str(out))
     assert whole.returncode == 0, whole.stdout + whole.stderr
 
     run = out / "killed"
-    killed = subprocess.Popen([*FEDAPP, "deploy", "run", "smoke", *settings, "--set",
-                               'run-name="killed"', "--output-dir", str(out), *d],
+    killed = subprocess.Popen(link.run_command("smoke", *settings, "--set", 'run-name="killed"',
+                                               "--output-dir", str(out)),
                               cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 300
@@ -304,19 +245,64 @@ def test_a_superlink_killed_mid_run_resumes_on_the_same_database(tmp_path, spawn
             and (run / "rounds.jsonl").read_text().strip()):
         time.sleep(0.1)
     assert killed.poll() is None, "the run ended before its SuperLink could be killed"
-    victims = [first.pid, *descendants(first.pid)]
-    for pid in victims:
+    first = link.superlink_process
+    for pid in [first.pid, *descendants(first.pid)]:
         os.kill(pid, signal.SIGKILL)
     first.wait()
     assert killed.wait(timeout=120) != 0  # its SuperLink went away mid-run
     assert not (run / "summary.json").exists(), "the run had finished before the kill"
 
-    superlink("superlink-again")
-    resumed = deploy_run("--resume", str(run))
+    link.superlink("superlink-again")
+    resumed = link.run("--resume", str(run))
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resumed after round 1" in (run / "flwr.log").read_text()
-    assert _outcome(run) == _outcome(out / "whole")
+    return out / "whole", run
 
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_superlink_killed_mid_run_resumes_on_the_same_database(tmp_path, spawn):
+    # Every round's per-client accuracies and traffic after the kill and resume must equal
+    # those of an uninterrupted run.
+    whole, resumed = _killed_and_resumed(tmp_path, spawn)
+    assert _outcome(resumed) == _outcome(whole)
+    assert spawn.stop_all() == []
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_dp_run_killed_mid_run_spends_the_uninterrupted_runs_epsilon(tmp_path, spawn):
+    # LG-FedAvg under client-level differential privacy: server-mode noise (docs/privacy.md),
+    # so both the accountant and the noisy averages live in the ServerApp the kill takes
+    # down; what survives is the checkpoint's ledger of events. The resumed run must spend,
+    # round by round, the epsilon of the uninterrupted run (not restart from 0, not count
+    # round 1 again), record every round once, and, its noise keyed by the round, train the
+    # same models. (S = 0.01: the noise on the mean of 2 heads, std 2zS/2 = 0.01 per value,
+    # leaves them something to learn; epsilon depends on z and the sampling only.)
+    whole, resumed = _killed_and_resumed(
+        tmp_path, spawn, "--set", "differential-privacy=true", "--set", "dp-clip-norm=0.01",
+        "--set", "dp-noise-multiplier=1.0", "--set", "dp-delta=1e-3")
+
+    def spent(run_dir: Path) -> tuple[list[int], list[dict], dict]:
+        rounds = [json.loads(r) for r in (run_dir / "rounds.jsonl").read_text().splitlines()]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        return [r["round"] for r in rounds], [r["privacy"] for r in rounds], summary["privacy"]
+
+    numbers, per_round, final = spent(resumed)
+    want_numbers, want_per_round, want_final = spent(whole)
+    assert numbers == want_numbers == [1, 2]
+    assert [p["epsilon"] for p in per_round] == pytest.approx(
+        [p["epsilon"] for p in want_per_round], rel=1e-12)
+    assert final["epsilon"] == pytest.approx(want_final["epsilon"], rel=1e-12)
+    assert 0 < per_round[0]["epsilon"] < per_round[1]["epsilon"] == final["epsilon"]
+
+    def rest(p: dict) -> dict:
+        return {k: v for k, v in p.items() if k != "epsilon"}
+    assert [rest(p) for p in per_round] == [rest(p) for p in want_per_round]
+    assert [p["releases"] for p in per_round] == [1, 2]  # 2 of 2 clients each round
+    assert rest(final) == rest(want_final) == rest(per_round[-1])
+    assert _outcome(resumed) == _outcome(whole)
+    assert spawn.stop_all() == []
 
 
 @pytest.mark.slow

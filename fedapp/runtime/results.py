@@ -44,6 +44,19 @@ def format_accuracy(mean: float | None, std: float | None) -> str:
     return "n/a" if mean is None else f"{mean:.4f} ± {std:.4f}"
 
 
+def bytes_per_client_per_round(rounds: Sequence[dict[str, Any]], key: str) -> float:
+    """The mean over the round records ``rounds`` (those with uploads) of that round's
+    ``key`` bytes (``bytes_up``, ``framing_down``, ...) over the clients they came from, or
+    went to for a ``*_down`` key: a client that crashed was sent its payload but uploaded
+    nothing, and a rejected upload still crossed the wire. 0 without rounds."""
+    def clients(h: dict[str, Any]) -> int:
+        if key.endswith("_down"):
+            return h.get("clients_sampled", h["clients_fit"])
+        return h["clients_fit"] + h.get("rejected", 0)
+    vals = [h[key] / clients(h) for h in rounds]
+    return float(np.mean(vals)) if vals else 0.0
+
+
 def write_json(path: Path, obj: Any) -> None:
     """Write ``obj`` as pretty JSON atomically (a reader never sees half a file)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -138,14 +151,7 @@ class Recorder:
         rounds_with_fit = [h for h in self.history if h["clients_fit"] > 0]
 
         def per_client_per_round(key: str, rounds: Sequence[dict] = rounds_with_fit) -> float:
-            # Average over rounds of (that round's bytes / the clients they went to, or came
-            # from): a client that crashed was sent its payload but uploaded nothing.
-            def clients(h: dict) -> int:
-                if key.endswith("_down"):
-                    return h.get("clients_sampled", h["clients_fit"])
-                return h["clients_fit"] + h.get("rejected", 0)
-            vals = [h[key] / clients(h) for h in rounds]
-            return float(np.mean(vals)) if vals else 0.0
+            return bytes_per_client_per_round(rounds, key)
         last_fit = rounds_with_fit[-1:]  # steady state of methods that send nothing in round 1
 
         accuracy = {"mean": acc_mean, "std": acc_std, "per_client": per_client,
