@@ -464,6 +464,68 @@ def claim_line(a: str, b: str, mine: Sequence[Mapping[str, Any]],
                                if len(diffs) > 1 else "") + ")")
 
 
+def global_accuracies(summary: Mapping[str, Any]) -> list[float]:
+    """The last round's per-client global-test accuracies (``eval-global-test``)."""
+    return [float(v) for v in summary["accuracy"]["global_per_client"].values()]
+
+
+def global_accuracy(summary: Mapping[str, Any]) -> float:
+    """The mean over clients of the global-test accuracy (the metric of the Felo and FedHe
+    papers: every client's model on the same shared test set)."""
+    return float(np.mean(global_accuracies(summary)))
+
+
+def other_predictions(label: str, summaries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The other predictions a method reports beside its headline, one line each, mean ± std
+    over the seeds: its clients' other models (``accuracy.variants``, mean over clients, e.g.
+    FedGKT's stem + server model) and the server's own models (``accuracy.server``, e.g.
+    HeteroFL's global model, the paper's metric)."""
+    first = summaries[0]["accuracy"]
+    lines = [f"- {label}: {name} " + "{:.3f} ± {:.3f}".format(
+        *mean_std(x["accuracy"]["variants"][name]["mean"] for x in summaries))
+        for name in first.get("variants", {})]
+    lines += [f"- {label}: the server's {name} model on the global test set " + "{:.3f} ± {:.3f}"
+              .format(*mean_std(x["accuracy"]["server"][name] for x in summaries))
+              for name in first.get("server", {})]
+    return lines
+
+
+def comparison_table(title: str, results: Mapping[str, Sequence[Mapping[str, Any]]],
+                     seeds: Sequence[int], pairs: Iterable[tuple[str, str]],
+                     metric=global_accuracy) -> str:
+    """A paper's comparison on the global test set: per row, the global-test accuracy (mean
+    over clients, ± std over seeds), its std over clients, the local-test accuracy, the floats
+    a client sends and receives in the last round and the wall seconds; below, the verdict of
+    each claim a ≥ b in ``pairs`` (VERDICT_RULE, on ``metric``, paired by seed)."""
+    def row(label: str, summaries: Sequence[Mapping[str, Any]]) -> str:
+        com = summaries[0]["communication"]
+        client_std = np.mean([np.std(global_accuracies(s)) for s in summaries])
+        return (f"| {label} | {cell(global_accuracy(s) for s in summaries)} | "
+                f"{client_std:.4f} | {cell(mean_client_accuracy(s) for s in summaries)} | "
+                f"{com['last_round_floats_per_client_up']:.0f} / "
+                f"{com['last_round_floats_per_client_down']:.0f} | "
+                f"{mean_std(s['wall_seconds'] for s in summaries)[0]:.0f} |")
+
+    rounds = next(iter(results.values()))[0]["rounds"]
+    lines = [
+        f"### {title} ({len(seeds)} seeds: {', '.join(map(str, seeds))}; accuracy after "
+        f"round {rounds})",
+        "",
+        "| method | global-test accuracy (mean over clients; ± std over seeds) | std over "
+        "clients | local-test accuracy | floats per client per round up / down | wall s |",
+        "|---|---|---|---|---|---|",
+        *(row(label, runs) for label, runs in results.items()),
+        "",
+        *(f"- {claim_line(a, b, results[a], results[b], metric)}"
+          for a, b in pairs if a in results and b in results),
+    ]
+    others = [line for label, runs in results.items() for line in other_predictions(label, runs)]
+    if others:
+        lines += ["", "The same runs' other predictions, where a method reports one beside its "
+                  "clients' own models:", "", *others]
+    return "\n".join(lines)
+
+
 def paired_line(results: Mapping[str, Sequence[Mapping[str, Any]]],
                 pairs: Iterable[tuple[str, str]], names: Mapping[str, str] | None = None) -> str:
     """The differences of ``pairs`` of rows (a − b), each run against the run of the same seed,
