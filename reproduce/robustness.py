@@ -184,14 +184,25 @@ def method_attacks(method: str, chosen: Sequence[str], extra: tuple = ()) -> lis
 
 # --- what a cell reads ------------------------------------------------------------------------
 
-def summaries(cell: Cell, out: Path, execute: bool, resources: Mapping[str, Any],
-              extra: tuple) -> list[dict] | None:
-    """The cell's summaries, one per seed; ``execute`` runs the missing ones, otherwise None
-    when any is missing."""
-    if not execute and any(finished(out, f"{cell.name}-seed{s}") is None for s in cell.seeds):
+def summaries(cell: Cell, out: Path, extra: tuple) -> list[dict] | None:
+    """The cell's summaries, one per seed (read through ``run_seeds``, which counts them among
+    the table's runs), or None when any is missing."""
+    if any(finished(out, f"{cell.name}-seed{s}") is None for s in cell.seeds):
         return None
-    return run_seeds(None, {**overrides(cell.method, cell.attack, cell.fraction, cell.rule,
-                                        extra), **resources}, cell.name, list(cell.seeds), out)
+    return run_seeds(None, overrides(cell.method, cell.attack, cell.fraction, cell.rule, extra),
+                     cell.name, list(cell.seeds), out)
+
+
+def stopped(out: Path, run: str) -> str | None:
+    """Why the server stopped ``run`` before its end (its ``failed.json``: an attack can make
+    every upload of a round unusable, or the state non-finite), or None. A stopped run is a
+    result, not retried: delete its folder to make it again."""
+    from fedapp.runtime.results import FAILURE_FILE
+    path = Path(out) / run / FAILURE_FILE
+    if finished(out, run) is not None or not path.exists():
+        return None
+    failure = json.loads(path.read_text())
+    return f"{failure.get('kind', 'stopped')}: {failure.get('reason', '')}".rstrip(": ")
 
 
 def honest(summary: Mapping[str, Any], malicious: Sequence[int]) -> list[float]:
@@ -276,13 +287,15 @@ def prepass_cells(method: str, attack_list: Sequence[str], extra: tuple) -> list
 def prepass_scores(method: str, rules: Sequence[str], attack_list: Sequence[str],
                    out: Path) -> dict[str, float | None]:
     """Each rule's honest accuracy at the pre-pass seed, averaged over the attacks (None while
-    a run is missing)."""
+    a run is missing); a run the server stopped counts as 0 (the rule did not keep it going)."""
     out_scores: dict[str, float | None] = {}
     for r in rules:
         values = []
         for a in method_attacks(method, attack_list):
-            path = finished(out, f"{run_name(method, a, PREPASS_FRACTION, r)}-seed{PREPASS_SEED}")
-            values.append(honest_mean(json.loads(path.read_text())) if path else None)
+            name = f"{run_name(method, a, PREPASS_FRACTION, r)}-seed{PREPASS_SEED}"
+            path = finished(out, name)
+            values.append(honest_mean(json.loads(path.read_text())) if path else
+                          0.0 if stopped(out, name) else None)
         out_scores[r] = None if None in values or not values else float(np.mean(values))
     return out_scores
 
@@ -317,7 +330,9 @@ def plan(chosen_methods: Sequence[str], attack_list: Sequence[str],
 
 
 def missing(cell: Cell, out: Path) -> list[int]:
-    return [s for s in cell.seeds if finished(out, f"{cell.name}-seed{s}") is None]
+    """The seeds of ``cell`` still to run: neither finished nor stopped by the server."""
+    return [s for s in cell.seeds if finished(out, f"{cell.name}-seed{s}") is None
+            and stopped(out, f"{cell.name}-seed{s}") is None]
 
 
 def dry_run(stages: Mapping[str, list[Cell]], out: Path, full: Mapping[str, list[Cell]]) -> None:
@@ -350,12 +365,27 @@ def table(all_methods: Sequence[str], attack_list: Sequence[str], fractions: Seq
           seeds: Sequence[int], out: Path, fixed: str | None, prepass_attacks: Sequence[str],
           extra: tuple, command: str) -> tuple[str, bool]:
     """The page's text, and whether any run was found."""
-    def read(cell: Cell) -> list[dict] | None:
-        return summaries(cell, out, False, {}, extra)
+    found, stops = False, []
+
+    def entry(cell: Cell, clean: list[dict] | None) -> str:
+        """A cell's text against the attack-free runs ``clean``: ``stopped`` if the server
+        stopped a run of it (the reason below the table), ``not run`` if a run is missing."""
+        nonlocal found
+        runs = summaries(cell, out, extra)
+        found |= runs is not None
+        why = [f"{cell.name}-seed{s}: {stopped(out, f'{cell.name}-seed{s}')}"
+               for s in cell.seeds if stopped(out, f"{cell.name}-seed{s}")]
+        if why:
+            stops.extend(why)
+            return "stopped"
+        if runs is None or clean is None:
+            return "not run"
+        if cell.attack == "none" and cell.rule == "none":
+            return text(list(map(mean_client_accuracy, runs)), None)
+        return text(list(map(honest_mean, runs)), versus_clean(runs, clean))
 
     fractions = sorted(fractions)
     one = len(seeds) == 1
-    found = False
     lines = [
         f"Produced by `{command}`. The honest clients' mean local-test accuracy after the last "
         "round" + ("" if one else ", mean ± std over seeds " + ", ".join(map(str, seeds)))
@@ -375,27 +405,15 @@ def table(all_methods: Sequence[str], attack_list: Sequence[str], fractions: Seq
             no_rule[m] = why
         label = f"{m} — " + (rule if rule else "rule not chosen yet (pre-pass)"
                              if why == "pending" else "no rule")
-        clean = read(Cell(m, "none", None, "none", tuple(seeds)))
-        found |= clean is not None
+        clean_cell = Cell(m, "none", None, "none", tuple(seeds))
+        clean = summaries(clean_cell, out, extra)
         for a in ["none", *method_attacks(m, attack_list, extra)]:
             cells = []
             for f in fractions:
-                if a == "none":
-                    plain = text(list(map(mean_client_accuracy, clean)), None) \
-                        if clean else "not run"
-                else:
-                    runs = read(Cell(m, a, f, "none", tuple(seeds)))
-                    found |= runs is not None
-                    plain = text(list(map(honest_mean, runs)), versus_clean(runs, clean)) \
-                        if runs and clean else "not run"
-                if rule is None:
-                    ruled = "no rule" if why != "pending" else "not run"
-                else:
-                    runs = read(Cell(m, a, f, rule, tuple(seeds)))
-                    found |= runs is not None
-                    ruled = text(list(map(honest_mean, runs)), versus_clean(runs, clean)) \
-                        if runs and clean else "not run"
-                cells += [plain, ruled]
+                cells.append(entry(clean_cell if a == "none" else
+                                   Cell(m, a, f, "none", tuple(seeds)), clean))
+                cells.append(entry(Cell(m, a, f, rule, tuple(seeds)), clean) if rule else
+                             "not run" if why == "pending" else "no rule")
             lines.append(f"| {label if a == 'none' else ''} | {a} | " + " | ".join(cells) + " |")
     untargeted = [m for m in all_methods
                   if "targeted" in attack_list and refusal(m, "targeted", PREPASS_FRACTION,
@@ -403,9 +421,13 @@ def table(all_methods: Sequence[str], attack_list: Sequence[str], fractions: Seq
     if untargeted:
         lines += ["", "*targeted* is not a row of " + ", ".join(untargeted)
                   + ": their uploads hold no per-class rows."]
+    if stops:
+        lines += ["", "Runs the server stopped (*stopped*; `failed.json` in the run's folder):",
+                  ""] + [f"- {why}" for why in dict.fromkeys(stops)]
     if no_rule:
         lines += ["", "No rule, as `fedapp run` refuses it:", ""]
         lines += [f"- {m}: {why}" for m, why in no_rule.items()]
+    prepass_stops: list[str] = []
     if not fixed:
         lines += ["", f"The pre-pass that chose each rule: the honest clients' mean accuracy at "
                   f"seed {PREPASS_SEED}, {round(100 * PREPASS_FRACTION)} % attackers, averaged "
@@ -416,14 +438,20 @@ def table(all_methods: Sequence[str], attack_list: Sequence[str], fractions: Seq
             rules = candidates(m, extra)
             if not rules:
                 continue
+            for c in prepass_cells(m, prepass_attacks, extra):  # the runs the scores read
+                found |= summaries(c, out, extra) is not None
+                run = f"{c.name}-seed{PREPASS_SEED}"
+                prepass_stops += [f"{run}: {stopped(out, run)}"] if stopped(out, run) else []
             scores = prepass_scores(m, rules, prepass_attacks, out)
-            found |= any(v is not None for v in scores.values())
             rule = best_rule(m, prepass_attacks, out, fixed, extra)[0]
             row = [("—" if r not in scores else "not run" if scores[r] is None else
                     f"**{scores[r]:.3f}**" if r == rule else f"{scores[r]:.3f}")
                    for r in CANDIDATES]
             lines.append(f"| {m} | {len(method_attacks(m, prepass_attacks, extra))} | "
                          + " | ".join(row) + " |")
+        if prepass_stops:
+            lines += ["", "Pre-pass runs the server stopped, each counted as 0:", ""]
+            lines += [f"- {why}" for why in prepass_stops]
     return "\n".join(lines), found
 
 
@@ -479,6 +507,7 @@ def main() -> None:
                 stages(table_methods, prepass_attacks if args.quick else all_attacks,
                        FRACTIONS))
         return
+    failed: list[str] = []
     if not args.table_only:
         # Stage by stage: the rules of the later stages come from the pre-pass.
         for name in stages(chosen_methods, chosen_attacks, fractions):
@@ -488,11 +517,19 @@ def main() -> None:
                                  "incomplete")
             todo = [c for c in cells if missing(c, out)]
             print(f"[robustness] stage {name}: {len(todo)} cells to run", flush=True)
-            run_parallel([(None, {**overrides(c.method, c.attack, c.fraction, c.rule, extra),
-                                  "seed": s, **resources}, f"{c.name}-seed{s}")
-                          for c in todo for s in missing(c, out)], out, args.jobs)
-            for c in todo:
-                summaries(c, out, True, resources, extra)
+            try:
+                run_parallel([(None, {**overrides(c.method, c.attack, c.fraction, c.rule,
+                                                  extra), "seed": s, **resources},
+                               f"{c.name}-seed{s}") for c in todo for s in missing(c, out)],
+                             out, args.jobs)
+            except RuntimeError as exc:  # each failed cell is reported below
+                print(f"[robustness] {exc}", flush=True)
+            for c in [c for c in todo if missing(c, out)]:
+                try:  # a failed run must not keep the other cells from running
+                    run_seeds(None, {**overrides(c.method, c.attack, c.fraction, c.rule, extra),
+                                     **resources}, c.name, missing(c, out), out)
+                except RuntimeError as exc:
+                    failed.append(f"{c.name}: {exc}")
     command = f".venv/bin/python {SCRIPT}" + (" --quick" if args.quick else "") + seeds_option(
         args.seeds) + (f" --rule {args.rule}" if args.rule else "")
     body, found = table(table_methods, prepass_attacks if args.quick else all_attacks,
@@ -503,6 +540,9 @@ def main() -> None:
     write_generated(doc, SCRIPT, body)
     print(body)
     print(f"[reproduce] wrote {doc}")
+    if failed:
+        raise SystemExit("robustness: runs that failed (and that the server did not stop on "
+                         "purpose, so a rerun tries them again):\n" + "\n".join(failed))
 
 
 if __name__ == "__main__":

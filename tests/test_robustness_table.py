@@ -128,3 +128,46 @@ def test_the_plan_runs_whole_cells_stage_by_stage(tmp_path):
     assert [c.name for c in fixed["10 % attackers"]] == ["lg-fedavg-sign-flip-p10",
                                                          "lg-fedavg-sign-flip-p10-median"]
     assert fixed["30 % attackers"][0].name == "lg-fedavg-none-median"
+
+
+def write_run(out, name, per_client, malicious=None, failed=None):
+    run = out / name
+    run.mkdir(parents=True)
+    if failed:
+        (run / "failed.json").write_text(json.dumps({"kind": "non-finite", "reason": failed}))
+    else:
+        (run / "summary.json").write_text(json.dumps(summary(per_client, malicious)))
+
+
+def test_the_table_reads_each_cell_against_the_attack_free_run(tmp_path, monkeypatch):
+    import common
+    monkeypatch.setattr(common, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(common, "READ", {})
+    out, attacks = tmp_path / "robustness", ["sign-flip"]
+    for rule, acc in zip(robustness.candidates("lg-fedavg"), (0.5, 0.4, 0.7, 0.6)):
+        write_run(out, f"{robustness.run_name('lg-fedavg', 'sign-flip', 0.3, rule)}-seed3",
+                  [0.0] * 3 + [acc] * 7, malicious=[0, 1, 2])
+    # A pre-pass run the server stopped counts 0, and is not run again.
+    stopped_run = f"{robustness.run_name('lg-fedavg', 'sign-flip', 0.3, 'median')}-seed3"
+    (out / stopped_run / "summary.json").unlink()
+    (out / stopped_run / "failed.json").write_text(json.dumps({"kind": "non-finite",
+                                                               "reason": "NaN"}))
+    assert robustness.prepass_scores("lg-fedavg", robustness.candidates("lg-fedavg"), attacks,
+                                      out)["median"] == 0.0
+    write_run(out, "lg-fedavg-none-seed0", [0.9] * 3 + [0.8] * 7)
+    write_run(out, "lg-fedavg-sign-flip-p30-seed0", [0.1] * 3 + [0.5] * 7, malicious=[0, 1, 2])
+    write_run(out, "lg-fedavg-sign-flip-p30-geomed-seed0", [], failed="state is NaN")
+    cell = robustness.Cell("lg-fedavg", "sign-flip", 0.3, "geomed", (0,))
+    assert robustness.missing(cell, out) == []
+    body, found = robustness.table(["lg-fedavg", "fedgen"], attacks, [0.3], [0], out, None,
+                                   attacks, (), "cmd")
+    assert found
+    rows = body.splitlines()
+    assert "| lg-fedavg — geomed | none | 0.830 | not run |" in rows
+    assert "|  | sign-flip | 0.500 (-0.300) | stopped |" in rows
+    assert "| fedgen — no rule | none | not run | no rule |" in rows
+    assert "- lg-fedavg-sign-flip-p30-geomed-seed0: non-finite: state is NaN" in rows
+    assert "| lg-fedavg | 1 | 0.000 | 0.400 | **0.700** | 0.600 |" in rows
+    assert any(r.startswith("- fedgen: setting robust-aggregation") for r in rows)
+    # Every run the table read is counted in its provenance line.
+    assert len(common.READ) == 2 + 3
