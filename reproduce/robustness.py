@@ -238,8 +238,9 @@ def text(values: Sequence[float], diffs: Sequence[float] | None) -> str:
 
 @functools.cache
 def wall_medians(folder: str) -> dict[str, float]:
-    """Median wall seconds of a run per method: this script's records, else the scoreboard's
-    runs of the same setting (its Dirichlet 0.3 column); ``""``: over all of them."""
+    """Median wall seconds of a run per method, over this script's records and the
+    scoreboard's runs of the same setting (its Dirichlet 0.3 column), made on a CPU; ``""``:
+    over all of them (for a method with none)."""
     walls: dict[str, list[float]] = {}
     files = sorted((RECORDS / folder).glob("*.json")) + sorted(
         f for f in (RECORDS / "scoreboard").glob("dir0.3-*.json")
@@ -255,10 +256,13 @@ def wall_medians(folder: str) -> dict[str, float]:
     return out
 
 
-def seconds(cells: Sequence[Cell], out: Path) -> float:
+def seconds(cells: Sequence[Cell], out: Path, only_missing: bool = False) -> float:
+    """About how long ``cells`` take (their missing seeds only, with ``only_missing``), one
+    run at a time: each run its method's median wall time, and a start per cell."""
     medians = wall_medians(out.name)
-    return sum(START_SECONDS + len(c.seeds) * medians.get(c.method, medians[""])
-               for c in cells)
+    return sum(START_SECONDS + len(missing(c, out) if only_missing else c.seeds)
+               * medians.get(c.method, medians[""])
+               for c in cells if not only_missing or missing(c, out))
 
 
 # --- the plan ---------------------------------------------------------------------------------
@@ -343,17 +347,16 @@ def dry_run(stages: Mapping[str, list[Cell]], out: Path, full: Mapping[str, list
     for name, cells in stages.items():
         todo = [c for c in cells if missing(c, out)]
         runs = sum(len(missing(c, out)) for c in todo)
-        s = sum(START_SECONDS + len(missing(c, out)) * medians.get(c.method, medians[""])
-                for c in todo)
+        s = seconds(todo, out, only_missing=True)
         total_runs, total_s = total_runs + runs, total_s + s
-        print(f"[robustness] stage {name}: {runs} runs missing in {len(todo)} cells "
-              f"(of {sum(len(c.seeds) for c in cells)}), about {s / 3600:.1f} h; "
+        print(f"[robustness] stage {name}: {runs} of its {sum(len(c.seeds) for c in cells)} "
+              f"runs missing, in {len(todo)} cells, about {s / 3600:.1f} h; "
               f"after it {total_s / 3600:.1f} h in all")
         for c in todo:
             print(f"    {c.name}: seeds {' '.join(map(str, missing(c, out)))}")
     full_runs = sum(len(c.seeds) for cells in full.values() for c in cells)
     print(f"[robustness] this selection: {total_runs} runs missing, about "
-          f"{total_s / 3600:.1f} h on this kind of machine, one run at a time")
+          f"{total_s / 3600:.1f} h on the records' kind of machine, one run at a time")
     print(f"[robustness] the whole design: {full_runs} runs, about "
           f"{seconds([c for cells in full.values() for c in cells], out) / 3600:.1f} h from "
           "nothing (placeholder rules count the most runs they can need)")
@@ -529,7 +532,8 @@ def main() -> None:
                     run_seeds(None, {**overrides(c.method, c.attack, c.fraction, c.rule, extra),
                                      **resources}, c.name, missing(c, out), out)
                 except RuntimeError as exc:
-                    failed.append(f"{c.name}: {exc}")
+                    if missing(c, out):  # not a run the server stopped: tried again next time
+                        failed.append(f"{c.name}: {exc}")
     command = f".venv/bin/python {SCRIPT}" + (" --quick" if args.quick else "") + seeds_option(
         args.seeds) + (f" --rule {args.rule}" if args.rule else "")
     body, found = table(table_methods, prepass_attacks if args.quick else all_attacks,
