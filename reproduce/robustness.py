@@ -327,9 +327,12 @@ def plan(chosen_methods: Sequence[str], attack_list: Sequence[str],
                 stage.append(Cell(m, a, f, "none", seeds))
                 if rule:
                     stage.append(Cell(m, a, f, rule, seeds))
-    seen: set[str] = set()  # an attack-free run with a rule of no parameter serves each fraction
+    # An attack-free run with a rule of no parameter serves each fraction: one cell. (A pre-pass
+    # run has a cell's name, at a seed of its own.)
+    seen: set[tuple[str, tuple[int, ...]]] = set()
     for name, cells in stages.items():
-        stages[name] = [c for c in cells if not (c.name in seen or seen.add(c.name))]
+        stages[name] = [c for c in cells if not ((c.name, c.seeds) in seen
+                                                 or seen.add((c.name, c.seeds)))]
     return stages
 
 
@@ -516,24 +519,30 @@ def main() -> None:
         for name in stages(chosen_methods, chosen_attacks, fractions):
             cells = stages(chosen_methods, chosen_attacks, fractions)[name]
             if any(c.rule == PENDING for c in cells):
-                raise SystemExit(f"robustness: stage {name} needs the pre-pass, which is "
-                                 "incomplete")
+                print(f"[robustness] stage {name} needs the pre-pass, which is incomplete: "
+                      "stopping here", flush=True)
+                break
             todo = [c for c in cells if missing(c, out)]
             print(f"[robustness] stage {name}: {len(todo)} cells to run", flush=True)
-            try:
-                run_parallel([(None, {**overrides(c.method, c.attack, c.fraction, c.rule,
-                                                  extra), "seed": s, **resources},
-                               f"{c.name}-seed{s}") for c in todo for s in missing(c, out)],
-                             out, args.jobs)
-            except RuntimeError as exc:  # each failed cell is reported below
-                print(f"[robustness] {exc}", flush=True)
-            for c in [c for c in todo if missing(c, out)]:
-                try:  # a failed run must not keep the other cells from running
-                    run_seeds(None, {**overrides(c.method, c.attack, c.fraction, c.rule, extra),
-                                     **resources}, c.name, missing(c, out), out)
+            if args.jobs > 1:
+                try:
+                    run_parallel([(None, {**overrides(c.method, c.attack, c.fraction, c.rule,
+                                                      extra), "seed": s, **resources},
+                                   f"{c.name}-seed{s}") for c in todo
+                                  for s in missing(c, out)], out, args.jobs)
                 except RuntimeError as exc:
-                    if missing(c, out):  # not a run the server stopped: tried again next time
-                        failed.append(f"{c.name}: {exc}")
+                    print(f"[robustness] {exc}", flush=True)
+            else:
+                for c in todo:
+                    try:  # a failed run must not keep the other cells from running
+                        run_seeds(None, {**overrides(c.method, c.attack, c.fraction, c.rule,
+                                                     extra), **resources},
+                                  c.name, missing(c, out), out)
+                    except RuntimeError as exc:
+                        print(f"[robustness] {exc}", flush=True)
+            # A run the server stopped is a result; any other failure is tried again next time.
+            failed += [f"{c.name}: seeds {' '.join(map(str, missing(c, out)))}"
+                       for c in todo if missing(c, out)]
     command = f".venv/bin/python {SCRIPT}" + (" --quick" if args.quick else "") + seeds_option(
         args.seeds) + (f" --rule {args.rule}" if args.rule else "")
     body, found = table(table_methods, prepass_attacks if args.quick else all_attacks,
@@ -545,8 +554,8 @@ def main() -> None:
     print(body)
     print(f"[reproduce] wrote {doc}")
     if failed:
-        raise SystemExit("robustness: runs that failed (and that the server did not stop on "
-                         "purpose, so a rerun tries them again):\n" + "\n".join(failed))
+        raise SystemExit("robustness: runs that failed (not stopped by the server on "
+                         "purpose: a rerun tries them again):\n" + "\n".join(failed))
 
 
 if __name__ == "__main__":

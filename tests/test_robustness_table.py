@@ -171,3 +171,44 @@ def test_the_table_reads_each_cell_against_the_attack_free_run(tmp_path, monkeyp
     assert any(r.startswith("- fedgen: setting robust-aggregation") for r in rows)
     # Every run the table read is counted in its provenance line.
     assert len(common.READ) == 2 + 3
+
+
+def test_a_quick_sitting_runs_stage_by_stage_and_reports_what_failed(tmp_path, monkeypatch):
+    """The whole script with a stand-in for ``fedapp run``: the pre-pass decides the rule the
+    later stages run, one failing cell leaves the others run, the table goes to --out."""
+    import common
+    monkeypatch.setattr(common, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(common, "READ", {})
+    made = []
+
+    def fake_run_seeds(preset, o, name, seeds, out):
+        if name == "fedproto-targeted-p10":
+            raise RuntimeError(f"{name} failed with exit status 1")
+        for s in seeds:
+            run = Path(out) / f"{name}-seed{s}"
+            if not run.exists():
+                made.append(run.name)
+                bad = robustness.attackers(o.get("malicious-fraction"))
+                rule = o.get("robust-aggregation", "none")
+                acc = {"none": 0.2 if bad else 0.4, "geomed": 0.7}.get(rule, 0.6)
+                write_run(Path(out), run.name, [0.0] * bad + [acc] * (10 - bad),
+                          malicious=list(range(bad)) if "attack" in o else None)
+        return [json.loads((Path(out) / f"{name}-seed{s}" / "summary.json").read_text())
+                for s in seeds]
+    monkeypatch.setattr(robustness, "run_seeds", fake_run_seeds)
+    monkeypatch.setattr(sys, "argv", ["robustness.py", "--quick", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="fedproto-targeted-p10: seeds 0"):
+        robustness.main()
+    # The pre-pass first (seed 3), each method's best rule (geomed) in the later stages.
+    assert made[0] == "lg-fedavg-sign-flip-p30-median-seed3"
+    assert "lg-fedavg-sign-flip-p30-geomed-seed0" in made
+    assert not any("median-seed0" in m or "krum-f1" in m for m in made)
+    assert made.index("fedproto-targeted-p30-geomed-seed0") < made.index(
+        "lg-fedavg-sign-flip-p10-seed0")
+    page = (tmp_path / "quick" / "robustness.md").read_text()
+    assert "| fedproto — geomed | none | 0.400 | 0.700 (+0.300) | 0.400 | 0.700 (+0.300) |" \
+        in page
+    assert "|  | targeted | not run | 0.700 (+0.300) | 0.200 (-0.200) | 0.700 (+0.300) |" \
+        in page
+    assert "|  | sign-flip | 0.200 (-0.200) | 0.700 (+0.300) | 0.200 (-0.200) | 0.700 (+0.300) |" \
+        in page
