@@ -8,8 +8,10 @@ import shlex
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Needs the folder PFLlib's generator writes (docs/crosscheck.md), so it is run by hand.
-BY_HAND = {"crosscheck_htfllib.py"}
+# Run by hand: crosscheck_htfllib.py needs the folder PFLlib's generator writes
+# (docs/crosscheck.md); robustness.py's design takes more than a day on 2 cores, run stage by
+# stage (docs/robustness.md, "The robustness table").
+BY_HAND = {"crosscheck_htfllib.py", "robustness.py"}
 
 
 def makefile_runs() -> list[str]:
