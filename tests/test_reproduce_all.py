@@ -8,8 +8,9 @@ import shlex
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Needs the folder PFLlib's generator writes (docs/crosscheck.md), so it is run by hand.
-BY_HAND = {"crosscheck_htfllib.py"}
+# The cross-checks need a peer's results made outside this repository (PFLlib's generated
+# folder, a reference implementation's output; docs/crosscheck.md), so they are run by hand.
+BY_HAND = {"crosscheck_htfllib.py", "crosscheck_fedmd.py", "crosscheck_heterofl.py"}
 
 
 def makefile_runs() -> list[str]:
