@@ -80,9 +80,9 @@ def initial_global(cfg) -> list[np.ndarray]:
 
 def peer_command(data_dir: Path, peer_dir: Path, seed: int, rounds: int) -> str:
     """The baseline's command line for one seed (docs/crosscheck.md has its environment)."""
-    return (f"HETEROFL_FEDERATION_DIR={data_dir} HETEROFL_INIT={data_dir}/global-init-seed"
-            f"{seed}.npz python -m heterofl.main num_clients={WORK['num-clients']} "
-            f"num_epochs={WORK['local-epochs']} num_rounds={rounds} seed={seed} "
+    return (f"HETEROFL_FRESH_SBN=1 HETEROFL_FEDERATION_DIR={data_dir} "
+            f"HETEROFL_INIT={data_dir}/global-init-seed{seed}.npz python -m heterofl.main "
+            f"num_clients={WORK['num-clients']} num_epochs={WORK['local-epochs']} num_rounds={rounds} seed={seed} "
             "client_resources.num_gpus=0 control.model_split_mode=fix "
             f"control.model_mode={WORK['heterofl.rates']} dataset.dataset_name=MNIST "
             "dataset.iid=true model.model_name=conv "
