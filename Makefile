@@ -30,10 +30,11 @@ bench: setup
 # an interrupted `make reproduce` resumes (on another machine too), and with every run present
 # it only rewrites the tables.
 # From nothing it takes more than a day on 2 cores (README; reproduce/records_time.py sums the
-# recorded runs' own time). reproduce/crosscheck_htfllib.py is not among them: it needs the folder
-# PFLlib's generator writes (docs/crosscheck.md); nor is reproduce/robustness.py, whose table
-# takes more than a day on 2 cores by itself and is run by hand, stage by stage
-# (docs/robustness.md, "The robustness table").
+# recorded runs' own time). The cross-checks (reproduce/crosscheck_htfllib.py, crosscheck_fedmd.py,
+# crosscheck_heterofl.py) are not among them: they need a peer's results made outside this
+# repository (docs/crosscheck.md); nor is reproduce/robustness.py, whose table takes more than
+# a day on 2 cores by itself and is run by hand, stage by stage (docs/robustness.md, "The
+# robustness table").
 # Each entry: a script with the arguments its page's tables were made with (the page's
 # "Produced by" line; tests/test_reproduce_all.py keeps the two in step).
 REPRODUCE = defaults.py scoreboard.py "fedclassavg_defaults.py --variants 2" fedgh_fmnist.py \

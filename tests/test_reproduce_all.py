@@ -8,10 +8,12 @@ import shlex
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Run by hand: crosscheck_htfllib.py needs the folder PFLlib's generator writes
-# (docs/crosscheck.md); robustness.py's design takes more than a day on 2 cores, run stage by
-# stage (docs/robustness.md, "The robustness table").
-BY_HAND = {"crosscheck_htfllib.py", "robustness.py"}
+# Run by hand: the cross-checks need a peer's results made outside this repository (PFLlib's
+# generated folder, a reference implementation's output; docs/crosscheck.md); robustness.py's
+# design takes more than a day on 2 cores, run stage by stage (docs/robustness.md, "The
+# robustness table").
+BY_HAND = {"crosscheck_htfllib.py", "crosscheck_fedmd.py", "crosscheck_heterofl.py",
+           "robustness.py"}
 
 
 def makefile_runs() -> list[str]:
