@@ -152,29 +152,49 @@ def plot(panels: dict[str, dict[str, list[dict]]], path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def split_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of a comparison on FedHe's CNNs over SPLITS: --seeds and --splits (the
+    script adds its own, then calls parse_split_options)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     parser.add_argument("--splits", nargs="+", choices=[s.split()[0] for s, _ in SPLITS],
                         default=[s.split()[0] for s, _ in SPLITS],
                         help="which partitions (default: both)")
+    return parser
+
+
+def parse_split_options(parser: argparse.ArgumentParser, out: str,
+                        doc: str) -> argparse.Namespace:
+    """Adds --quick, --out (results/``out``), --doc (docs/``doc``) and the resource options,
+    and parses."""
+    parser.add_argument("--quick", action="store_true",
+                        help="one seed, IID, 3 rounds, small shards; tables go to --out only")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / out)
+    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / doc)
+    add_resource_options(parser)
+    return parser.parse_args()
+
+
+def quick_or_full(args: argparse.Namespace, quick: dict) -> tuple[list, dict, list[int], Path,
+                                                                  Path]:
+    """(splits, overrides every run adds, seeds, runs' folder, page): with --quick, ``quick``
+    on one seed and IID, into the folder's quick/ and a page of its own, never docs/."""
+    splits = [(name, o) for name, o in SPLITS if name.split()[0] in args.splits]
+    if not args.quick:
+        return splits, {}, args.seeds, args.out.resolve(), args.doc
+    out = quick_folder(args.out.resolve())
+    return SPLITS[:1], quick, args.seeds[:1], out, out / args.doc.name
+
+
+def main() -> None:
+    parser = split_parser(__doc__)
     parser.add_argument("--stragglers", action=argparse.BooleanOptionalAction, default=True,
                         help="also the runs with 30 %% of the clients 5x slower")
     parser.add_argument("--arrival", action="store_true",
                         help="also the straggler runs on the arrival clock, where slow clients "
                         "really sleep (IID, first seed): a wall-time figure, for a quiet machine")
-    parser.add_argument("--quick", action="store_true",
-                        help="one seed, IID, 3 rounds, small shards; tables go to --out only")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "reproduce-fedhe-async")
-    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "fedhe-async.md")
-    add_resource_options(parser)
-    args = parser.parse_args()
-    splits = [(name, o) for name, o in SPLITS if name.split()[0] in args.splits]
-    extra, seeds, out, doc = {}, args.seeds, args.out.resolve(), args.doc
-    if args.quick:
-        extra, seeds, out, splits = QUICK, seeds[:1], quick_folder(out), SPLITS[:1]
-        doc = out / "fedhe-async.md"
-
+    args = parse_split_options(parser, "reproduce-fedhe-async", "fedhe-async.md")
+    splits, extra, seeds, out, doc = quick_or_full(args, QUICK)
     resources = resource_overrides(args)
 
     def plan(split: str, split_overrides: dict, every: bool) -> dict[str, list[tuple]]:

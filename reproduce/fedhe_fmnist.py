@@ -32,14 +32,13 @@ reproduce/records/reproduce-fedhe/), so an interrupted reproduction resumes.
 
 from __future__ import annotations
 
-import argparse
 import re
-from pathlib import Path
 
-from common import (DEFAULT_SEEDS, ROOT, VERDICT_RULE, add_resource_options, comparison_table,
-                    global_accuracy, quick_folder, resource_overrides, run_experiment,
-                    run_parallel, seeds_option, training_caption, write_generated)
-from fedhe_async_fmnist import EQUAL, EVAL, PRIVATE, QUICK, SPLITS, SYNC
+from common import (VERDICT_RULE, comparison_table, global_accuracy, resource_overrides,
+                    run_experiment, run_parallel, seeds_option, training_caption,
+                    write_generated)
+from fedhe_async_fmnist import (EQUAL, EVAL, PRIVATE, QUICK, SPLITS, SYNC, parse_split_options,
+                                quick_or_full, split_parser)
 
 # A pipeline check must not spend minutes on FedMD's transfer learning (20 + 25 epochs).
 QUICK = {**QUICK, "fedmd.pretrain-public-epochs": 1, "fedmd.pretrain-private-epochs": 1}
@@ -57,22 +56,8 @@ CLAIMS = [("FedHe", PRIVATE), ("FedHe", "FedMD"), ("FedMD", PRIVATE)]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
-    parser.add_argument("--splits", nargs="+", choices=[s.split()[0] for s, _ in SPLITS],
-                        default=[s.split()[0] for s, _ in SPLITS],
-                        help="which partitions (default: both)")
-    parser.add_argument("--quick", action="store_true",
-                        help="one seed, IID, 3 rounds, small shards; tables go to --out only")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "reproduce-fedhe")
-    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "fedhe.md")
-    add_resource_options(parser)
-    args = parser.parse_args()
-    splits = [(name, o) for name, o in SPLITS if name.split()[0] in args.splits]
-    extra, seeds, out, doc = {}, args.seeds, args.out.resolve(), args.doc
-    if args.quick:
-        extra, seeds, out, splits = QUICK, seeds[:1], quick_folder(out), SPLITS[:1]
-        doc = out / "fedhe.md"
+    args = parse_split_options(split_parser(__doc__), "reproduce-fedhe", "fedhe.md")
+    splits, extra, seeds, out, doc = quick_or_full(args, QUICK)
     resources = resource_overrides(args)
 
     def plan(split: str, split_overrides: dict) -> dict[str, list[tuple]]:
