@@ -25,7 +25,7 @@ import argparse
 from pathlib import Path
 
 from common import (DEFAULT_SEEDS, ROOT, VERDICT_RULE, add_resource_options, comparison_table,
-                    plot_panels, quick_folder, resource_overrides,
+                    finished, plot_panels, quick_folder, resource_overrides,
                     run_experiment, run_parallel, write_generated, seeds_option)
 
 PRESET = "felo-fmnist"
@@ -66,6 +66,9 @@ def main() -> None:
                         help="override num-server-rounds (default: the preset's 50)")
     parser.add_argument("--quick", action="store_true",
                         help="one seed, 2 rounds, small shards; tables go to --out only")
+    parser.add_argument("--table-only", action="store_true",
+                        help="run nothing: write the tables from the runs that exist, leaving "
+                        "out (and naming) a row that misses a seed")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "reproduce-felo")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "felo.md")
     add_resource_options(parser)
@@ -86,28 +89,41 @@ def main() -> None:
         return [(PRESET, {**overrides, **split_overrides, "seed": seed, **extra, **resources},
                  f"{name}-seed{seed}") for seed in seeds]
 
-    def runs(*setting) -> list[dict]:
-        return [run_experiment(*e, out) for e in experiments(*setting)]
+    missing: list[str] = []
 
-    run_parallel([e for split, split_overrides in splits
-                  for tag, methods in (("hetero", HETEROGENEOUS), ("homo", homogeneous))
-                  for label, o in methods
-                  for e in experiments(label, o, split, split_overrides, tag)], out, args.jobs)
+    def runs(label: str, overrides: dict, split: str, split_overrides: dict,
+             tag: str) -> list[dict] | None:
+        """The row's summaries, running what is missing; with --table-only, None (and the
+        row named in ``missing``) if a seed has not run."""
+        todo = experiments(label, overrides, split, split_overrides, tag)
+        if args.table_only and any(finished(out, name) is None for _, _, name in todo):
+            missing.append(f"{label} ({tag}geneous, {split})")
+            return None
+        return [run_experiment(*e, out) for e in todo]
+
+    def rows(methods, split: str, split_overrides: dict, tag: str) -> dict[str, list[dict]]:
+        return {label: r for label, o in methods
+                if (r := runs(label, o, split, split_overrides, tag)) is not None}
+
+    if not args.table_only:
+        run_parallel([e for split, split_overrides in splits
+                      for tag, methods in (("hetero", HETEROGENEOUS), ("homo", homogeneous))
+                      for label, o in methods
+                      for e in experiments(label, o, split, split_overrides, tag)], out,
+                     args.jobs)
 
     tables, panels = [], {}
     for split, split_overrides in splits:
-        hetero = {label: runs(label, o, split, split_overrides, "hetero")
-                  for label, o in HETEROGENEOUS}
-        tables.append(comparison_table(f"Heterogeneous ResNet10/14/18/22/26, {split}", hetero, seeds,
-                            [("Felo", "FedHe"), ("Velo", "FedHe"), ("Felo", "Standalone"),
-                             ("Velo", "Felo"), ("Velo", "FedMD"), ("Velo", "FedGKT"),
-                             ("Velo", "HeteroFL")]))
+        hetero = rows(HETEROGENEOUS, split, split_overrides, "hetero")
+        tables.append(comparison_table(
+            f"Heterogeneous ResNet10/14/18/22/26, {split}", hetero, seeds,
+            [("Felo", "FedHe"), ("Velo", "FedHe"), ("Felo", "Standalone"), ("Velo", "Felo"),
+             ("Velo", "FedMD"), ("Velo", "FedGKT"), ("Velo", "HeteroFL")]))
         panels[f"heterogeneous, {split}"] = hetero
     for split, split_overrides in splits:
-        homo = {label: runs(label, o, split, split_overrides, "homo")
-                for label, o in homogeneous}
+        homo = rows(homogeneous, split, split_overrides, "homo")
         tables.append(comparison_table(f"Homogeneous ResNet18, {split}", homo, seeds,
-                            [("Felo", "FedAvg"), ("Velo", "FedAvg")]))
+                                       [("Felo", "FedAvg"), ("Velo", "FedAvg")]))
         panels[f"homogeneous, {split}"] = homo
     plot = doc.parent / "felo-fmnist.png"
     plot_panels(panels, plot)
@@ -116,6 +132,8 @@ def main() -> None:
         "" if args.rounds is None else f" --rounds {args.rounds}")
     write_generated(doc, SCRIPT, "\n\n".join([
         f"Produced by `{command}`.", VERDICT_RULE, *tables,
+        *([f"Not run yet at every seed, so not in the tables: {', '.join(missing)}."]
+          if missing else []),
         f"![accuracy per round]({plot.name})"]))
     print(f"[reproduce] wrote {doc} and {plot}")
 
