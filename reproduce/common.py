@@ -214,6 +214,40 @@ def run_parallel(experiments: Sequence[tuple[str | None, Mapping[str, Any], str]
         raise RuntimeError(f"{len(failed)} of {len(todo)} runs failed: {', '.join(failed)}")
 
 
+def check_settings(name: str, settings: Mapping[str, Any], data: bool = False) -> list[str]:
+    """The refusal of the run ``name``'s ``settings`` as ``fedapp run`` checks them before it
+    starts (``data``: its data and partition too), as ``["<name>: <why>"]``; [] if none."""
+    from fedapp.cli.run import check_run_data
+    from fedapp.config import ConfigError
+    try:
+        cfg = run_config(settings)
+        if data:
+            check_run_data(cfg)
+    except (ConfigError, ValueError, OSError) as exc:
+        return [f"{name}: {exc}"]
+    return []
+
+
+def cpu_wall_seconds(folder: Path) -> list[float]:
+    """The wall seconds of the recorded runs of a records folder made on a CPU alone."""
+    runs = [json.loads(f.read_text()) for f in sorted(Path(folder).glob("*.json"))]
+    return [r["wall_seconds"] for r in runs
+            if "cpu" in r.get("provenance", {}) and "gpu" not in r["provenance"]]
+
+
+def estimate(out_dir: Path, count: int, jobs: int = 1) -> str:
+    """``count`` runs' time at the median wall time of the script's runs recorded on a CPU
+    (reproduce/records_time.py), ``jobs`` at a time, in words; each ``fedapp run``'s start
+    (about half a minute on 2 cores, once per row's seeds) not counted."""
+    walls = cpu_wall_seconds(RECORDS / Path(out_dir).name)
+    if not walls:
+        return "no recorded run to estimate their time from"
+    median = float(np.median(walls))
+    return (f"about {count * median / jobs / 3600:.1f} h at the median {median:.0f} s of the "
+            f"{len(walls)} runs recorded on a CPU" + (f", {jobs} at a time" if jobs > 1 else "")
+            + " (a method slower than the recorded ones takes longer)")
+
+
 def add_resource_options(parser: argparse.ArgumentParser) -> None:
     """``--jobs`` and ``--client-num-gpus``: how a script's runs use the machine. Neither
     changes what a run computes, so runs made either way are reused alike."""
@@ -240,13 +274,126 @@ def resource_overrides(args: argparse.Namespace) -> dict[str, Any]:
 # with the settings it needs (the public-set methods need a ``public-source``).
 PAGE_ORDER = ("standalone", "fedavg", "lg-fedavg", "fedclassavg", "fedgh", "fedproto", "fedhe",
               "fedper", "fedrep", "compfl", "felo", "velo", "fedgen", "fedl2g", "fml", "fedmrl",
-              "fedkd", "fd", "fedre", "fedtgp")
+              "fedkd", "fd", "fedre", "fedtgp", "fedgkt", "fedmd", "dsfl", "feddf", "ktpfl",
+              "heterofl", "fedrolex", "fjord", "depthfl")
 
 
 def page_methods() -> dict[str, Any]:
     """The registered methods (``strategies.METHODS``) the pages' tables hold, in their order."""
     from strategies import METHODS
     return {name: METHODS[name] for name in PAGE_ORDER}
+
+
+# -- Methods that need more than the table's data and models -------------------------------------
+# A public-data method (its card's ``needs_public``) runs with a public set cut out of the
+# training split (``PUBLIC``: public-fraction's default 0.1, 6,000 Fashion-MNIST images), which
+# changes every client's shard: the Standalone it is read against runs with the same cut, so
+# that the pair still shares its partition. A sub-model method (payload kind ``sub-model``:
+# HeteroFL, FedRolex, FjORD, DepthFL) trains slices of one global network, not the zoo's
+# models: its Standalone trains, on each client, the very model that client trains
+# (``submodel_standalone``).
+PUBLIC = {"public-source": "train-holdout"}
+
+
+def needs_public(method: str) -> bool:
+    from strategies import METHODS
+    return METHODS[method].needs_public
+
+
+def is_submodel(method: str) -> bool:
+    from strategies import METHODS
+    return "sub-model" in METHODS[method].payload_kinds
+
+
+def run_config(settings: Mapping[str, Any]) -> Any:
+    """The checked RunConfig of a run with ``settings`` (``fedapp run``'s resolution)."""
+    from fedapp.cli.run import resolve_settings
+    from strategies import load_config
+    return load_config(resolve_settings(
+        None, [f"{k}={toml_value(v)}" for k, v in settings.items()])[0])
+
+
+MODELS_MODULE = "reproduce.submodel_models"
+
+
+def client_models_of(settings: Mapping[str, Any]) -> list[str]:
+    """The model each client of the sub-model run ``settings`` trains, by partition id, as a
+    name of reproduce/submodel_models.py: its width slice (HeteroFL, FedRolex, FjORD) or its
+    depth prefix (DepthFL). Raises ValueError where no fixed model per client exists (rates
+    drawn anew each round), or the models are not what that module builds (a model-width other
+    than 1)."""
+    import submodel_models as sm
+    cfg = run_config(settings)
+    s = cfg.settings
+    if cfg.model_width != 1:
+        raise ValueError(f"model-width = {cfg.model_width}: a model given by import path is "
+                         "built at width 1")
+    if cfg.method == "depthfl":
+        return [sm.depth_name(s.model, d) for d in s.client_depths(cfg)]
+    plan = s.plan(cfg)
+    if plan.dynamic:
+        raise ValueError(f"{cfg.method}.rate-mode = 'dynamic': a client's width changes "
+                         "every round, so no one model per client exists")
+    names = []
+    for rate in plan.per_client:
+        options = s.model_options(rate)
+        if set(options) - {"norm", "scaler", "od_widths"} or (
+                options["norm"] == "per-width" and rate not in options.get("od_widths", ())):
+            raise ValueError(f"{cfg.method} builds its models with {options}, which "
+                             f"{MODELS_MODULE} does not")
+        names.append(sm.width_name(s.global_arch, rate, options["norm"], options["scaler"]))
+    return names
+
+
+def submodel_standalone(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings that make Standalone train, on each client, the model the sub-model run
+    ``settings`` gives it (``client_models_of``), by import path: ``arch-mix`` and
+    ``arch-assignment`` (the fewest names that give every client its model, in blocks or
+    round-robin), and ``feature-dim = 0`` (the model's own head, no projection; the sub-model
+    methods read no feature-dim)."""
+    from client_models.registry import assign
+    per_client = client_models_of(settings)
+    tries = [(list(dict.fromkeys(per_client)), "blocks")] + [
+        (per_client[:p], "round-robin") for p in range(1, len(per_client) + 1)]
+    mix, mode = next((m, mode) for m, mode in tries
+                     if assign(m, len(per_client), mode) == per_client)
+    return {"arch-mix": ",".join(f"{MODELS_MODULE}:{m}" for m in mix),
+            "arch-assignment": mode, "feature-dim": 0}
+
+
+@functools.cache
+def zoo_levels(settings: Settings) -> dict[str, str]:
+    """The sub-model run ``settings``'s per-client levels mapped from its ``arch-mix`` at equal
+    budget (docs/submodels.md): each architecture group gets the level whose share of the
+    global model's parameters is nearest the group's zoo model's share of the largest zoo
+    model's (r ≈ sqrt(params_k / params_max) for a width rate). HeteroFL's and FedRolex's levels
+    a-e, FjORD's widths, DepthFL's depths 1..D, as the group form of ``<method>.rates``
+    (``depthfl.depths``)."""
+    from client_models import build_model, parse_arch_mix
+    from client_models.depth_prefix import build_depth_model, max_depth
+    from client_models.width import build_width_model, parameter_count
+    from fedapp.data.local_data import expected_input
+    from fedapp.runtime.submodel_settings import LEVELS
+    cfg = run_config(dict(settings))
+    shape, classes = expected_input(cfg)
+    zoo = {a: parameter_count(build_model(a, shape, classes))
+           for a in dict.fromkeys(parse_arch_mix(cfg.arch_mix))}
+    s = cfg.settings
+    if cfg.method == "depthfl":
+        levels = {str(d): parameter_count(build_depth_model(s.model, d, shape, classes))
+                  for d in range(1, max_depth(s.model) + 1)}
+        key, pair = "depthfl.depths", ":"
+    else:
+        rates = ({name: rate for name, rate in LEVELS.items()} if cfg.method != "fjord" else
+                 {f"{float(p):g}": p for p in s.width_set()})
+        levels = {name: parameter_count(build_width_model(s.global_arch, shape, classes, rate,
+                                                          **s.model_options(rate)))
+                  for name, rate in rates.items()}
+        key, pair = f"{cfg.method}.rates", "="
+    top, biggest = max(levels.values()), max(zoo.values())
+    nearest = {a: min(levels, key=lambda name: abs(levels[name] / top - n / biggest))
+               for a, n in zoo.items()}
+    return {key: ",".join(f"{a}{pair}{level}" for a, level in nearest.items())}
 
 
 # A recipe's Standalone: local training with a method's recipe, which tells what the recipe does

@@ -19,7 +19,13 @@ Standalone trained with each distinct recipe of the methods (common.recipes: the
 recipes, here with their batch size and local epochs or steps too, since nothing pins them:
 ``standalone (the recipe of fedper, fedrep)``, ``standalone (HtFLlib's recipe: ...)``); then
 every method. FedAvg, which needs one architecture, runs on the smallest CNN, beside a
-Standalone of that CNN and one of that CNN at FedAvg's recipe. In each column, three cells per
+Standalone of that CNN and one of that CNN at FedAvg's recipe. A public-data method (FedMD,
+DS-FL, FedDF, KT-pFL) runs with a public set cut out of the training split (common.PUBLIC),
+beside a Standalone with the same cut and one at its recipe; the digits hold no public set of
+the size their defaults draw (``NO_PUBLIC_SET``). A sub-model method (HeteroFL, FedRolex, FjORD,
+DepthFL) runs at its defaults, beside a Standalone that trains each client's model of it
+(common.submodel_standalone, reproduce/submodel_models.py) and one at its recipe. In each
+column, three cells per
 row: the accuracy, Δ against the default Standalone, and Δ against the Standalone trained with
 the row's own recipe, paired by seed (mean ± std over the seeds of the seed-by-seed difference).
 The verdicts under the table read each method against Standalone at its own recipe, by
@@ -30,6 +36,7 @@ beside Standalone, LG-FedAvg, FedProto and FedAvg, and the Standalone at each on
     .venv/bin/pip install -e ".[reproduce]"      # scikit-learn, for the digits
     .venv/bin/python reproduce/defaults.py                      # every method, 3 seeds
     .venv/bin/python reproduce/defaults.py --dry-run            # the runs it would make
+    .venv/bin/python reproduce/defaults.py --table-only         # the table from the runs made
     .venv/bin/python reproduce/defaults.py --methods fedgh fedhe --seeds 0
     .venv/bin/python reproduce/defaults.py --jobs 8 --client-num-gpus 0.25   # 8 runs at once
 
@@ -51,6 +58,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 from common import (DEFAULT_SEEDS, DEFAULTS_SETTINGS, ROOT, VERDICT_RULE,  # noqa: E402
                     add_resource_options, cell, finished, mean_client_accuracy, mean_std,
                     page_methods, read_generated, recipe_label, recipe_named, recipes,
@@ -94,7 +102,8 @@ class Row:
     federation), its runs named ``<column>-<name>-seed<s>``. ``base``: the key of the Standalone
     row its Δ is against (None: a baseline, no Δ); ``own``: the key of the Standalone row
     trained with its own recipe (None: none is, or the row is a Standalone). ``owners``: the
-    methods whose asking for runs this row is run for (empty: always)."""
+    methods whose asking for runs this row is run for (empty: always). ``skip``: the columns
+    where the row is no cell (NO_PUBLIC_SET)."""
 
     key: str
     label: str
@@ -104,34 +113,82 @@ class Row:
     base: str | None = None
     own: str | None = None
     owners: tuple[str, ...] = field(default_factory=tuple)
+    skip: tuple[str, ...] = ()
+
+
+# The columns whose data holds no public set of the size the public-data methods draw from it
+# per round at their defaults: the digits' training split (1,347 images) cut by public-fraction
+# 0.1 leaves 134, below FedMD's and DS-FL's 500 and KT-pFL's 5,000 (fedapp refuses them). Their
+# rows, FedDF's too, and the Standalone on their cut are no cells there: one rule for the four.
+NO_PUBLIC_SET = ("digits",)
+
+
+def submodel_ground(method: str) -> dict[str, Any]:
+    """What makes Standalone train each client's model of the sub-model ``method`` at its
+    defaults (common.submodel_standalone), the same in every column (checked)."""
+    found = [common.submodel_standalone({**DEFAULTS_SETTINGS[c](), "method": method})
+             for c in DEFAULTS_SETTINGS]
+    if any(f != found[0] for f in found):
+        raise ValueError(f"{method}: its clients' models differ between the columns; a "
+                         "Standalone row trains one set of them")
+    return found[0]
 
 
 def table_rows(every: Sequence[str]) -> list[Row]:
     """The rows of the table for the methods ``every``, in order: the Standalone rows (the
     default recipe, then each recipe of the methods), then each method with, after it, the
-    Standalone rows only it needs (one architecture) and its tried settings."""
+    Standalone rows only it and the methods after it need (one architecture; the public set
+    held out; each client's model of a sub-model method, at the default recipe and at the
+    method's) and its tried settings."""
     METHODS = page_methods()
     methods: list[Row] = []
-    # The Standalone rows the method rows read against, by (one architecture, recipe).
-    alone: dict[tuple[bool, str], Row] = {}
+    # The Standalone row each method's Δ is against, by its key: what it sets, how its label
+    # says it, its row (made on first need; the default one's is the first row).
+    grounds: dict[str, tuple[dict[str, Any], str, Row | None]] = {
+        "standalone": ({}, "", None),
+        "standalone-one-arch": (dict(ONE_ARCH), f"{ONE_ARCH['arch-mix']} only", None)}
+    # The Standalone rows trained with a recipe, by (ground, recipe).
+    alone: dict[tuple[str, str], Row] = {}
 
     def own_row(method: str, changed: dict[str, Any], base: str) -> str | None:
-        """The key of the Standalone row that trains as ``method`` with ``changed`` does (made
-        on first need); ``base`` if that is Standalone's default recipe; None if no recipe's
-        is."""
+        """The key of the Standalone row that trains as ``method`` with ``changed`` does on
+        ``base``'s ground (made on first need); ``base`` if that is Standalone's default
+        recipe; None if no recipe's is."""
         values = training(method, tuple(changed.items()))
         recipe = recipe_named(values)
         if recipe is None:
             return base if values == training("standalone") else None
-        one_arch = base == "standalone-one-arch"
-        if (one_arch, recipe) not in alone:
-            where = f"{ONE_ARCH['arch-mix']} only, " if one_arch else ""
-            alone[one_arch, recipe] = Row(
-                f"{base}-{recipe}", f"standalone ({where}{recipe_label(recipe)})", "standalone",
-                {**(ONE_ARCH if one_arch else {}), **dict(recipes()[recipe])}, f"{base}-{recipe}",
-                base=base)
-        alone[one_arch, recipe].owners += (method,)
-        return alone[one_arch, recipe].key
+        if (base, recipe) not in alone:
+            ground, where, row = grounds[base]
+            alone[base, recipe] = Row(
+                f"{base}-{recipe}",
+                f"standalone ({where + ', ' if where else ''}{recipe_label(recipe)})",
+                "standalone", {**dict(recipes()[recipe]), **ground}, f"{base}-{recipe}",
+                base=base, skip=row.skip if row else ())
+            if base not in ("standalone", "standalone-one-arch"):  # after its method's row
+                methods.append(alone[base, recipe])
+        alone[base, recipe].owners += (method,)
+        return alone[base, recipe].key
+
+    def ground_row(method: str) -> str:
+        """The key of the Standalone row on ``method``'s public set cut, or training its
+        clients' models (made, after the method's row, on first need)."""
+        if common.needs_public(method):
+            key, ground, where = ("standalone-holdout", dict(common.PUBLIC),
+                                  "public set held out")
+        else:
+            ground = submodel_ground(method)
+            key = next(f"standalone-{m}-models" for m in every
+                       if common.is_submodel(m) and submodel_ground(m) == ground)
+            where = "each client's model of " + ", ".join(
+                m for m in every if common.is_submodel(m) and submodel_ground(m) == ground)
+        if key not in grounds:
+            grounds[key] = (ground, where, Row(
+                key, f"standalone ({where})", "standalone", ground, key, base="standalone",
+                skip=NO_PUBLIC_SET if common.needs_public(method) else ()))
+            methods.append(grounds[key][2])
+        grounds[key][2].owners += (method,)
+        return key
 
     for method in every:
         if METHODS[method].homogeneous_only:
@@ -141,6 +198,14 @@ def table_rows(every: Sequence[str]) -> list[Row]:
             methods.append(Row("standalone-one-arch", f"standalone ({ONE_ARCH['arch-mix']} only)",
                                "standalone", dict(ONE_ARCH), "standalone-one-arch",
                                owners=(method,)))
+        elif common.needs_public(method) or common.is_submodel(method):
+            public = common.needs_public(method)
+            row = Row(method, f"{method} (public set held out)" if public else method, method,
+                      dict(common.PUBLIC) if public else {}, method,
+                      skip=NO_PUBLIC_SET if public else ())
+            methods.append(row)
+            row.base = ground_row(method)
+            row.own = own_row(method, row.changed, row.base)
         else:
             methods.append(Row(method, method, method, {}, method, base="standalone",
                                own=own_row(method, {}, "standalone")))
@@ -150,7 +215,9 @@ def table_rows(every: Sequence[str]) -> list[Row]:
                                f"{method}-{slug(what)}", base="standalone",
                                own=own_row(method, changed, "standalone")))
     order = list(recipes())  # the recipes' Standalone rows in their order, one-arch ones last
-    first = [alone[k] for k in sorted(alone, key=lambda k: (k[0], order.index(k[1])))]
+    first = [alone[k] for k in sorted((k for k in alone if k[0] in (
+        "standalone", "standalone-one-arch")), key=lambda k: (k[0] != "standalone",
+                                                              order.index(k[1])))]
     return [Row("standalone", "standalone", "standalone", {}, "standalone"), *first, *methods]
 
 
@@ -169,6 +236,9 @@ def row_text(row: Row, by_key: Mapping[str, Row], columns: Sequence[str], runs: 
     the summaries of the row's seeds in that column (None: not run)."""
     cells = []
     for column in columns:
+        if column in row.skip:
+            cells.append("— | — | —")
+            continue
         mine = runs(row, column)
         if not mine:
             cells.append("not run | — | —")
@@ -229,27 +299,18 @@ def planned(rows: Sequence[Row], asked: set[str], columns: Sequence[str],
             seeds: Sequence[int]) -> list[tuple[str, Row, str]]:
     """(column, row, run name without the seed) of every asked row, column by column."""
     return [(c, row, f"{slug(c)}-{row.name}") for c in columns for row in rows
-            if row.key in asked]
+            if row.key in asked and c not in row.skip]
 
 
 def dry_run(plan: Sequence[tuple[str, Row, str]], seeds: Sequence[int], out: Path,
-            resources: Mapping[str, Any]) -> list[str]:
+            resources: Mapping[str, Any], jobs: int = 1) -> list[str]:
     """Print every run of ``plan`` at ``seeds``, marking those made already (``out`` or its
     records), after each column's settings; check every run's settings as ``fedapp run`` does
     before anything starts, and each column's data and partition at every seed (they do not
-    depend on the method). Returns the refusals, one line each."""
-    from fedapp.cli.run import check_run_data, resolve_settings
-    from fedapp.config import ConfigError
-    from strategies import load_config
-
+    depend on the method); estimate the time of those to run (common.estimate). Returns the
+    refusals, one line each."""
     def check(name: str, settings: Mapping[str, Any], data: bool = False) -> None:
-        try:
-            cfg = load_config(resolve_settings(None, [f"{k}={toml_value(v)}"
-                                                      for k, v in settings.items()])[0])
-            if data:
-                check_run_data(cfg)
-        except (ConfigError, ValueError, OSError) as exc:
-            refused.append(f"{name}: {exc}")
+        refused.extend(common.check_settings(name, settings, data))
 
     refused: list[str] = []
     made, column = 0, None
@@ -269,7 +330,8 @@ def dry_run(plan: Sequence[tuple[str, Row, str]], seeds: Sequence[int], out: Pat
                   f"{toml_value(row.method)}"
                   + "".join(f", {k} = {toml_value(v)}" for k, v in row.changed.items()))
     total = len(plan) * len(seeds)
-    print(f"\n[reproduce] {total} runs: {made} made already, {total - made} to run"
+    print(f"\n[reproduce] {total} runs: {made} made already, {total - made} to run; "
+          + common.estimate(out, total - made, jobs)
           + (f"; {len(refused)} refused:\n" + "\n".join(refused) if refused else
              "; every one's settings, and each column's data and partition at every seed, "
              "pass fedapp's checks"))
@@ -284,8 +346,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--dry-run", action="store_true",
-                        help="list the runs this invocation needs (made or to run) and check "
-                             "their settings; run nothing, write nothing")
+                        help="list the runs this invocation needs (made or to run), check "
+                             "their settings and estimate their time; run nothing, write "
+                             "nothing")
+    parser.add_argument("--table-only", action="store_true",
+                        help="run nothing: write the table from the runs that exist (a row "
+                             "whose runs are missing reads 'not run')")
     add_resource_options(parser)
     args = parser.parse_args()
     out, seeds, resources = args.out.resolve(), args.seeds, resource_overrides(args)
@@ -297,16 +363,20 @@ def main() -> None:
     asked = needed(rows, args.methods)
     plan = planned(rows, asked, columns, seeds)
     if args.dry_run:
-        raise SystemExit(1 if dry_run(plan, seeds, out, resources) else 0)
+        raise SystemExit(1 if dry_run(plan, seeds, out, resources, args.jobs) else 0)
 
     def overrides(column: str, row: Row) -> dict[str, Any]:
         return {**DEFAULTS_SETTINGS[column](), "method": row.method, **row.changed, **resources}
 
+    def exists(name: str) -> bool:
+        return all(finished(out, f"{name}-seed{s}") is not None for s in seeds)
+
     # With --jobs, every run the asked rows need, that many at a time; the rows then reuse them.
-    run_parallel([(None, {**overrides(c, row), "seed": seed}, f"{name}-seed{seed}")
-                  for c, row, name in plan for seed in seeds], out, args.jobs)
+    if not args.table_only:
+        run_parallel([(None, {**overrides(c, row), "seed": seed}, f"{name}-seed{seed}")
+                      for c, row, name in plan for seed in seeds], out, args.jobs)
     made = {(row.key, c): run_seeds(None, overrides(c, row), name, seeds, out)
-            for c, row, name in plan}
+            for c, row, name in plan if not args.table_only or exists(name)}
 
     old_rows, old_verdicts = previous_table(DOC, columns)
     texts: dict[str, str] = {}
@@ -336,7 +406,9 @@ def main() -> None:
                 + ". Mean per-client local-test accuracy after the last round, ± std over "
                 f"{len(seeds)} seed(s); Δ = against Standalone on the same data and "
                 "architectures with its default recipe (the row *standalone*, or *standalone "
-                f"({ONE_ARCH['arch-mix']} only)*); Δ own recipe = against the Standalone row "
+                f"({ONE_ARCH['arch-mix']} only)*, *standalone (public set held out)*, "
+                "*standalone (each client's model of ...)*); Δ own recipe = against the "
+                "Standalone row on the same data and models "
                 "trained with the row's own recipe (the same optimizer, lifetime, lr, batches "
                 "and local steps), paired by seed: mean ± std over the seeds of the "
                 "seed-by-seed difference (— where no Standalone trains as the row does). "

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RECORDS  # noqa: E402
+from common import RECORDS, cpu_wall_seconds  # noqa: E402
 
 
 def main() -> None:
@@ -26,8 +26,7 @@ def main() -> None:
         origins = [r.get("provenance", {}) for r in runs]
         on_gpu = sum("gpu" in o for o in origins)
         unknown = sum("cpu" not in o for o in origins)
-        walls = [r["wall_seconds"] for r, o in zip(runs, origins)
-                 if "cpu" in o and "gpu" not in o]
+        walls = cpu_wall_seconds(folder)
         print(f"| {folder.name} | {len(runs)} | {on_gpu} | {unknown} | {sum(walls) / 60:.0f} | "
               f"{statistics.median(walls) if walls else float('nan'):.0f} |")
 

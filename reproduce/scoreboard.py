@@ -11,7 +11,11 @@ data is split and how many clients train per round:
   clients sampled per round.
 
 FedAvg needs one architecture: it runs on the smallest of the mix (CNN-5, the model FML, FedMRL
-and FedKD share), with a Standalone of it beside. The asynchronous loop (methods whose server
+and FedKD share), with a Standalone of it beside. A public-data method runs with a public set cut
+out of the training data (common.PUBLIC), beside a Standalone with the same cut; a sub-model
+method gives each architecture group of the mix the level of its global model nearest in
+parameters (common.zoo_levels), beside a Standalone that trains each client's model
+(common.submodel_standalone): ``grounds``. The asynchronous loop (methods whose server
 folds in one upload at a time) and the device-to-device loops (walk, gossip) have their own
 rows; they are not run at 30 % participation, a notion of the synchronous round. A few
 diagnostic rows (``DIAGNOSTICS``) run a method with one setting changed, in the column whose
@@ -27,6 +31,7 @@ its generated markers) and docs/scoreboard.png.
     .venv/bin/python reproduce/scoreboard.py --settings dir0.3            # one column
     .venv/bin/python reproduce/scoreboard.py --settings dir0.3 --methods fedgh fd
     .venv/bin/python reproduce/scoreboard.py --table-only                 # runs nothing
+    .venv/bin/python reproduce/scoreboard.py --methods heterofl --dry-run  # what it would run
     .venv/bin/python reproduce/scoreboard.py --jobs 4                     # 4 runs at once
 
 Finished runs are reused (results/scoreboard/, else their records in
@@ -38,6 +43,7 @@ read "not run".
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import sys
 from pathlib import Path
@@ -112,16 +118,103 @@ def recipe_of(method: str) -> str | None:
     return common.recipe_of(method, BASE, TRAINING)
 
 
+# The global model of a sub-model method beside the zoo, where its default does not fit: DepthFL's
+# ResNet-18 has 12 M parameters (a CPU's minutes per round), 6 times the mix's largest CNN;
+# HeteroFL's 4-block conv (1.56 M at depth 4, as HeteroFL's and FjORD's `heterofl-conv`) does.
+SUBMODEL_MODEL = {"depthfl": {"depthfl.model": "cnn4"}}
+
+
+def own_settings(method: str) -> dict[str, Any]:
+    """What ``method``'s runs set besides COMMON and its recipe: a public-data method's public
+    set (common.PUBLIC); a sub-model method's global model and each architecture group's level
+    of it, mapped from the mix at equal budget (common.zoo_levels: the mix names the groups)."""
+    if common.needs_public(method):
+        return dict(common.PUBLIC)
+    if common.is_submodel(method):
+        model = SUBMODEL_MODEL.get(method, {})
+        return {**model, **common.zoo_levels(tuple({**COMMON, "method": method,
+                                                    **model}.items()))}
+    return {}
+
+
+@functools.cache
+def ground_settings(method: str) -> tuple[tuple[str, Any], ...]:
+    """What the Standalone ``method`` reads against sets besides COMMON: the same public set cut
+    (so the same shards), or each client's model of the sub-model method (by import path:
+    common.submodel_standalone); nothing for a method of the mix."""
+    if common.needs_public(method):
+        return tuple(common.PUBLIC.items())
+    if common.is_submodel(method):
+        return tuple(common.submodel_standalone(
+            {**COMMON, "method": method, **own_settings(method)}).items())
+    return ()
+
+
+def ground(method: str) -> str:
+    """The variant of the Standalone ``method`` reads against ('' for the mix): ``holdout`` for
+    the public-data methods, ``<method>-models`` for a sub-model method (the first in the
+    table's order whose clients train the same models: FedRolex's are HeteroFL's)."""
+    if not ground_settings(method):
+        return ""
+    if common.needs_public(method):
+        return "holdout"
+    return next(f"{m}-models" for m in page_methods()
+                if ground_settings(m) == ground_settings(method))
+
+
+def grounds() -> dict[str, tuple[dict[str, Any], str]]:
+    """Each Standalone variant of another data cut or other models -> (overrides, label)."""
+    out = {}
+    for method in page_methods():
+        g = ground(method)
+        if g and g not in out:
+            users = [m for m in page_methods() if ground(m) == g]
+            out[g] = (dict(ground_settings(method)),
+                      "public set held out" if g == "holdout" else
+                      f"each client's model of {', '.join(users)}")
+    return out
+
+
+def on_ground(g: str, recipe: str | None) -> str:
+    """The variant of the Standalone on ground ``g`` trained with ``recipe`` (None: its own)."""
+    return "-".join(x for x in (g, recipe) if x)
+
+
+def default_recipes() -> list[str]:
+    """The recipes whose Standalone on the mix some row reads against (the table's first
+    Standalone rows): those of the methods of the mix."""
+    used = {recipe_of(m) for m in page_methods() if not ground(m)}
+    return [r for r in recipes() if r in used]
+
+
 def variants() -> dict[str, tuple[dict[str, Any], str]]:
     """A row's variant -> (its overrides, its label). ``cnn5``: one architecture (FedAvg and its
     Standalone); ``<method>-recipe``: Standalone trained with that method's recipe (the rows it
-    serves say which methods train so)."""
+    serves say which methods train so); ``holdout``, ``<method>-models``: Standalone on the
+    public-data methods' cut, or training a sub-model method's clients' models (``grounds``),
+    and each with a recipe (``holdout-<method>-recipe``)."""
     out = {"": ({}, ""), "cnn5": (ONE_ARCH, f"{ONE_ARCH['arch-mix']} only")}
     for name, values in recipes().items():
         out[name] = (dict(values), common.recipe_label(name, BASE, TRAINING))
+    for g, (settings, text) in grounds().items():
+        out[g] = (settings, text)
+        for name, values in recipes().items():  # the ground's settings win (feature-dim)
+            out[on_ground(g, name)] = ({**dict(values), **settings},
+                                       f"{text}, {common.recipe_label(name, BASE, TRAINING)}")
     for name, (text, _, _) in DIAGNOSTICS.items():  # their overrides depend on the method
         out[name] = ({}, text)
     return out
+
+
+def base_variant(method: str, variant: str) -> str:
+    """The variant of the Standalone a row's first difference is against: its ground's for a
+    method (``cnn5``'s for FedAvg); for a Standalone on a ground with a recipe, that ground's;
+    for the others the mix's (a row is not read against itself)."""
+    if variant == "cnn5":
+        return "cnn5"
+    if method != "standalone":
+        return ground(method)
+    return next((g for g in grounds() if variant.startswith(f"{g}-")), "")
 
 
 def rows() -> list[tuple[str, str]]:
@@ -143,7 +236,7 @@ def run_name(setting: str, method: str, loop: str, variant: str) -> str:
 
 
 def overrides(setting: str, method: str, loop: str, variant: str) -> dict[str, Any]:
-    return {**COMMON, **SETTINGS[setting][1], "method": method,
+    return {**COMMON, **SETTINGS[setting][1], "method": method, **own_settings(method),
             **({} if loop == "rounds" else {"server-loop": loop}),
             **variants()[variant][0], **DIAGNOSTICS.get(variant, ("", {}, ()))[1].get(method, {})}
 
@@ -160,13 +253,73 @@ def runs(setting: str, method: str, loop: str, variant: str, seeds: list[int],
 
 
 def label(method: str, loop: str, variant: str) -> str:
-    notes = [x for x in (loop if loop not in ("", "rounds") else "", variants()[variant][1]) if x]
+    own = ("public set held out" if common.needs_public(method) else
+           ", ".join(f"{k} = {v}" for k, v in own_settings(method).items()))
+    notes = [x for x in (loop if loop not in ("", "rounds") else "", own,
+                         variants()[variant][1]) if x]
     return method + (f" ({', '.join(notes)})" if notes else "")
 
 
 def traffic(summary: dict) -> float:
     c = summary["communication"]
     return c["per_client_per_round_up"] + c["per_client_per_round_down"]
+
+
+Key = tuple[str, str, str]  # (method, loop, variant): a row
+
+
+def planned(chosen: set[str], settings: set[str], execute: bool = True
+            ) -> dict[tuple[Key, str], bool]:
+    """Every (row, setting) cell of the table, in the table's order -> whether to run its
+    missing seeds: ``execute`` and its setting is in ``settings`` and a method it is made for
+    is in ``chosen`` (a Standalone row: for every method read against it; those on the mix
+    always)."""
+    METHODS = page_methods()
+    wanted: dict[tuple[Key, str], bool] = {}
+    for method, loop in rows():
+        if METHODS[method].homogeneous_only:
+            keys = [(method, loop, "cnn5"), ("standalone", "rounds", "cnn5")]
+        elif method == "standalone":
+            keys = [(method, loop, "")] + [("standalone", "rounds", r)
+                                           for r in default_recipes()]
+        else:
+            keys = [(method, loop, "")]
+            if ground(method):  # its Standalone, and that Standalone at its recipe
+                keys += [("standalone", "rounds", on_ground(ground(method), r))
+                         for r in dict.fromkeys([None, recipe_of(method)])]
+        keys += [(method, loop, name) for name, (_, methods, _) in DIAGNOSTICS.items()
+                 if method in methods and loop == "rounds"]
+        for key in keys:
+            for setting in SETTINGS:
+                if ((loop == "rounds" or setting not in ROUNDS_ONLY)
+                        and (key[2] not in DIAGNOSTICS or setting in DIAGNOSTICS[key[2]][2])):
+                    wanted[key, setting] = wanted.get((key, setting), False) or (
+                        execute and setting in settings and method in chosen)
+    return wanted
+
+
+def dry_run(wanted: dict[tuple[Key, str], bool], seeds: list[int], out: Path,
+            resources: dict[str, Any], jobs: int) -> list[str]:
+    """Print every run the invocation would make (the cells ``wanted`` runs), marking those
+    made already (``out`` or its records); check the settings of each row to run as ``fedapp
+    run`` does; estimate the time of those to run (common.estimate). Returns the refusals."""
+    made, to_run, refused = 0, 0, []
+    for (key, setting), execute in wanted.items():
+        if not execute:
+            continue
+        name = run_name(setting, *key)
+        missing = [s for s in seeds if finished(out, f"{name}-seed{s}") is None]
+        made += len(seeds) - len(missing)
+        to_run += len(missing)
+        if missing:
+            refused += common.check_settings(name, {**overrides(setting, *key), **resources})
+        for seed in seeds:
+            print(f"{'to run' if seed in missing else 'made  '} {name}-seed{seed}")
+    print(f"\n[reproduce] {made + to_run} runs: {made} made already, {to_run} to run; "
+          + common.estimate(out, to_run, jobs)
+          + (f"; {len(refused)} refused:\n" + "\n".join(refused) if refused else
+             "; the settings of every run to make pass fedapp's checks"))
+    return refused
 
 
 def main() -> None:
@@ -180,6 +333,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=SEEDS)
     parser.add_argument("--table-only", action="store_true",
                         help="run nothing: write the table from the runs that exist")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list the runs this invocation would make (made or to run), check "
+                             "their settings and estimate their time; run nothing, write "
+                             "nothing")
     parser.add_argument("--out", type=Path, default=OUT,
                         help="the folder of the runs (default results/scoreboard); the table "
                              "always goes to docs/scoreboard.md")
@@ -188,26 +345,15 @@ def main() -> None:
     out, seeds, resources = args.out.resolve(), args.seeds, resource_overrides(args)
     chosen = set(args.methods or METHODS) | {"standalone"}
 
-    wanted = []  # (row key, setting, whether to run what is missing)
-    for method, loop in rows():
-        if METHODS[method].homogeneous_only:
-            keys = [(method, loop, "cnn5"), ("standalone", "rounds", "cnn5")]
-        else:
-            keys = [(method, loop, "")] + ([("standalone", "rounds", r) for r in recipes()]
-                                           if method == "standalone" else [])
-        keys += [(method, loop, name) for name, (_, methods, _) in DIAGNOSTICS.items()
-                 if method in methods and loop == "rounds"]
-        wanted += [(key, setting, not args.table_only and setting in args.settings
-                    and method in chosen)
-                   for key in keys for setting in SETTINGS
-                   if (loop == "rounds" or setting not in ROUNDS_ONLY)
-                   and (key[2] not in DIAGNOSTICS or setting in DIAGNOSTICS[key[2]][2])]
+    wanted = planned(chosen, set(args.settings), not args.table_only)
+    if args.dry_run:
+        raise SystemExit(1 if dry_run(wanted, seeds, out, resources, args.jobs) else 0)
     run_parallel([(None, {**overrides(setting, *key), "seed": seed, **resources},
-                   f"{run_name(setting, *key)}-seed{seed}")
-                  for key, setting, execute in wanted if execute for seed in seeds],
+                  f"{run_name(setting, *key)}-seed{seed}")
+                  for (key, setting), execute in wanted.items() if execute for seed in seeds],
                  out, args.jobs)
     table: dict[tuple[str, str, str], dict[str, list[dict] | None]] = {}
-    for key, setting, execute in wanted:
+    for (key, setting), execute in wanted.items():
         table.setdefault(key, {})[setting] = runs(setting, *key, seeds, execute, out,
                                                   resources)
 
@@ -220,7 +366,8 @@ def main() -> None:
         + ("" if seeds == SEEDS else f" --seeds {' '.join(map(str, seeds))}") + ". "
         "Mean per-client local-test accuracy after round 20, ± std over the seeds "
         f"({len(seeds)} per cell), and in brackets its difference to Standalone on the same "
-        "setting and architectures, seed by seed (the same partition and initial weights): "
+        "setting and architectures, seed by seed (the same partition and, where both start "
+        "from the same models, initial weights): "
         "mean ± std of the differences; for a method whose recipe is not Standalone's, also "
         "the difference to the Standalone trained with its recipe (\"at its recipe\"). "
         "Traffic: bytes of "
@@ -233,7 +380,7 @@ def main() -> None:
     bars: dict[str, dict[str, tuple[float, float]]] = {}  # (difference, its standard error)
     notes: list[str] = []  # the other predictions a method reports (summary accuracy.variants)
     for (method, loop, variant), cells in table.items():
-        base_key = ("standalone", "rounds", "cnn5" if variant == "cnn5" else "")
+        base_key = ("standalone", "rounds", base_variant(method, variant))
         texts, done = [], []
         for s in columns:
             mine = cells.get(s)
@@ -242,13 +389,14 @@ def main() -> None:
                 continue
             mean, std = mean_std(mean_client_accuracy(x) for x in mine)
             text = f"{mean:.3f} ± {std:.3f}"
-            base = table[base_key].get(s)
+            base = table.get(base_key, {}).get(s)
             if base and (method, loop, variant) != base_key:
                 diff, diff_std = paired(mine, base)
                 text += f" ({diff:+.3f} ± {diff_std:.3f}"
                 recipe = (recipe_of(method) if method != "standalone"
                           and (not variant or variant in DIAGNOSTICS) else None)
-                recipe_base = table[("standalone", "rounds", recipe)].get(s) if recipe else None
+                recipe_base = table.get(("standalone", "rounds", on_ground(
+                    ground(method), recipe)), {}).get(s) if recipe else None
                 if recipe_base:
                     text += "; {:+.3f} ± {:.3f} at its recipe".format(*paired(mine, recipe_base))
                 text += ")"

@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reproduce"))
 import common  # noqa: E402
 import defaults  # noqa: E402
+from common import DEFAULT_SEEDS  # noqa: E402
 
 EVERY = [m for m in common.page_methods() if m != "standalone"]
 
@@ -20,9 +21,19 @@ def test_every_method_is_read_against_a_standalone_row_that_trains_exactly_as_it
     rows = defaults.table_rows(EVERY)
     by_key = {row.key: row for row in rows}
     alone = [row for row in rows if row.method == "standalone" and row.base]
-    # One per distinct recipe of the methods, and FedAvg's recipe on its one architecture.
-    assert {row.key for row in alone} == {f"standalone-{r}" for r in common.recipes()} | {
+    # One per distinct recipe of the methods on the mix, and FedAvg's recipe on its one
+    # architecture; the public-data methods' cut and the sub-model methods' clients' models
+    # each have a Standalone, and one per recipe of the methods read against it.
+    mix = [m for m in EVERY if not (common.needs_public(m) or common.is_submodel(m))]
+    assert {row.key for row in alone if row.base == "standalone" and not row.changed.get(
+        "arch-mix") and "public-source" not in row.changed} == {
+        f"standalone-{common.recipe_of(m)}" for m in mix if common.recipe_of(m)
+        and m != "fedavg"}
+    assert {row.key for row in alone if row.key.startswith("standalone-one-arch-")} == {
         "standalone-one-arch-lg-fedavg-recipe"}
+    assert {row.key for row in alone if "holdout" in row.key} == {"standalone-holdout"} | {
+        f"standalone-holdout-{common.recipe_of(m)}" for m in EVERY if common.needs_public(m)}
+    assert by_key["heterofl"].base == by_key["fedrolex"].base == "standalone-heterofl-models"
     assert len(common.recipes()) >= 10  # the recipes differ in batch size and steps too here
     for row in rows:
         if row.method == "standalone":
@@ -32,18 +43,52 @@ def test_every_method_is_read_against_a_standalone_row_that_trains_exactly_as_it
             assert row.own is not None, row.key
         if row.own is None:
             continue
-        own = by_key[row.own]
+        own, base = by_key[row.own], by_key[row.base]
         assert own.method == "standalone" and row.key in needed_by(own, rows)
-        # Optimizer, its lifetime, lr, betas or momentum, batches, epochs or steps: all alike.
-        assert common.training("standalone", tuple(own.changed.items())) == common.training(
-            row.method, tuple(row.changed.items())), row.key
-        assert own.changed.get("arch-mix") == row.changed.get("arch-mix")
+        # Optimizer, its lifetime, lr, betas or momentum, batches, epochs or steps: all alike
+        # (feature-dim aside for a sub-model method, which reads none: its Standalone keeps
+        # each slice's own head).
+        mine = dict(common.training(row.method, tuple(row.changed.items())))
+        theirs = dict(common.training("standalone", tuple(own.changed.items())))
+        if common.is_submodel(row.method):
+            assert theirs.pop("feature-dim") == 0
+            mine.pop("feature-dim")
+        assert mine == theirs, row.key
+        # On the same ground: the same data cut and models as the Standalone Δ is against.
+        assert {k: own.changed.get(k) for k in base.changed} == base.changed, row.key
+        assert own.skip == base.skip == row.skip
+        if not common.is_submodel(row.method):
+            assert own.changed.get("arch-mix") == row.changed.get("arch-mix")
+            assert own.changed.get("public-source") == row.changed.get("public-source")
     # Methods that share a recipe share its row; the runs made before keep their names.
     assert by_key["felo"].own == by_key["velo"].own == "standalone-felo-recipe"
     assert by_key["fd"].own == by_key["fedtgp"].own == "standalone-htfllib-recipe"
     assert by_key["fedavg"].own == "standalone-one-arch-lg-fedavg-recipe"
     assert by_key["fedre-tried-0"].own == "standalone-fedre-recipe"  # a server setting only
     assert by_key["fedre-tried-1"].own is None  # batches of 10 at FedRE's lr: no recipe's
+
+
+def test_every_recorded_run_is_still_a_run_of_the_table():
+    """The runs made before the public-data and sub-model rows joined keep their names."""
+    rows = defaults.table_rows(EVERY)
+    plan = defaults.planned(rows, defaults.needed(rows, EVERY), list(common.DEFAULTS_SETTINGS),
+                            DEFAULT_SEEDS)
+    names = {f"{name}-seed{s}" for _, _, name in plan for s in DEFAULT_SEEDS}
+    recorded = {p.stem for p in (common.RECORDS / "defaults").glob("*.json")}
+    assert len(recorded) >= 144 and recorded <= names
+
+
+def test_the_public_data_rows_cut_the_same_public_set_and_skip_the_digits():
+    rows = {row.key: row for row in defaults.table_rows(EVERY)}
+    for method in ("fedmd", "dsfl", "feddf", "ktpfl"):
+        row = rows[method]
+        assert row.changed == common.PUBLIC and row.base == "standalone-holdout"
+        assert row.skip == defaults.NO_PUBLIC_SET == ("digits",)
+    assert rows["standalone-holdout"].changed == common.PUBLIC
+    assert rows["fedgkt"].base == "standalone" and not rows["fedgkt"].changed  # no public set
+    verdicts = {v: [] for v in defaults.VERDICTS}
+    line = defaults.row_text(rows["fedmd"], rows, ["digits"], lambda r, c: None, verdicts)
+    assert line.split("|")[2:5] == [" — ", " — ", " — "]
 
 
 def needed_by(row, rows):

@@ -1,0 +1,91 @@
+"""reproduce/submodel_models.py and common.submodel_standalone: the Standalone a sub-model method
+is read against trains, on each client, the model that client of the method trains."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reproduce"))
+import common  # noqa: E402
+import submodel_models  # noqa: E402
+
+from fedapp.data.setup import architectures, new_model  # noqa: E402
+
+SHAPE, CLASSES = (1, 28, 28), 10
+BASE = {"dataset": "fmnist", "num-clients": 10, "arch-mix": "cnn1,cnn2,cnn3,cnn4,cnn5"}
+
+
+def parameter_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(p.shape) for k, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("method, settings", [
+    ("heterofl", {}),                                          # a1-b1-c1-d1-e1, in blocks
+    ("fedrolex", {"fedrolex.rates": "cnn1=a,cnn2=a,cnn3=b,cnn4=b,cnn5=b"}),  # round-robin
+    ("fjord", {"fjord.rates": "cnn1=1,cnn2=0.8,cnn3=0.8,cnn4=0.6,cnn5=0.4"}),
+])
+def test_standalone_trains_each_clients_width_slice_parameter_for_parameter(method, settings):
+    from strategies.heterofl.maths import width_model
+    run = common.run_config({**BASE, "method": method, **settings})
+    alone = common.run_config({**BASE, "method": "standalone",
+                               **common.submodel_standalone({**BASE, "method": method,
+                                                             **settings})})
+    rates = run.settings.client_rates(run, 1)
+    pairs = dict(zip(architectures(alone), rates))  # each client's model, once
+    assert len(pairs) == len(set(rates)) > 1
+    assert [pairs[a] for a in architectures(alone)] == list(rates)
+    for arch, rate in pairs.items():
+        mine = new_model(alone, arch, SHAPE, CLASSES)
+        theirs = width_model(run, rate, SHAPE, CLASSES)
+        assert parameter_shapes(mine) == parameter_shapes(theirs), arch
+        # The same function of the same weights while training: the method's normalisation
+        # (batch statistics) and Scaler. (FjORD's statistics of the narrower widths are
+        # buffers only its sampled widths use.)
+        mine.load_state_dict(dict(theirs.named_parameters()), strict=False)
+        x = torch.randn(4, *SHAPE)
+        assert torch.allclose(mine.train()(x), theirs.train()(x), atol=1e-5)
+
+
+def test_standalone_trains_each_depthfl_clients_path_to_its_deepest_exit():
+    from strategies.depthfl.maths import depth_model
+    settings = {**BASE, "method": "depthfl", "depthfl.model": "cnn4"}  # depths 1,2,3,4 blocks
+    run = common.run_config(settings)
+    alone = common.run_config({**BASE, "method": "standalone",
+                               **common.submodel_standalone(settings)})
+    depths = run.settings.client_depths(run)
+    assert depths == [1, 1, 1, 2, 2, 2, 3, 3, 4, 4]
+    pairs = dict(zip(architectures(alone), depths))
+    assert [pairs[a] for a in architectures(alone)] == depths
+    for arch, depth in pairs.items():
+        mine = new_model(alone, arch, SHAPE, CLASSES)
+        theirs = depth_model(run, depth, SHAPE, CLASSES)
+        shallower = sum(p.numel() for e in theirs.exits[:-1] for p in e.parameters())
+        assert (sum(p.numel() for p in mine.parameters())
+                == sum(p.numel() for p in theirs.parameters()) - shallower)
+
+
+@pytest.mark.parametrize("family", [
+    "cnn4", pytest.param("resnet18", marks=pytest.mark.long)])  # a ResNet-18 builds slowly
+def test_a_depth_model_is_the_prefix_up_to_its_deepest_exit(family):
+    from client_models.depth_prefix import build_depth_model
+    for depth in (1, 3):  # a pooling exit (cnn4), an attention exit (resnet18)
+        torch.manual_seed(0)
+        prefix = build_depth_model(family, depth, SHAPE, CLASSES)
+        torch.manual_seed(0)  # the same weights: built the same way
+        whole = submodel_models.depth_model(family, depth)(SHAPE, CLASSES)
+        x = torch.randn(3, *SHAPE)
+        prefix.eval(), whole.eval()
+        assert torch.allclose(whole(x), prefix.exit_logits(x)[-1], atol=1e-5)
+        assert isinstance(whole.head, torch.nn.Linear)
+
+
+def test_names_are_checked_and_a_dynamic_plan_has_no_standalone():
+    with pytest.raises(AttributeError, match="width__<arch>"):
+        submodel_models.width__heterofl_conv__static__2__1_2  # noqa: B018
+    with pytest.raises(ValueError, match="dynamic"):
+        common.submodel_standalone({**BASE, "method": "heterofl",
+                                    "heterofl.rate-mode": "dynamic"})
