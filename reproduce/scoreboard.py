@@ -378,7 +378,7 @@ def main() -> None:
         + " | traffic / client / round | s / round |",
         "|---|---|" + "---|" * len(columns) + "---|---|"]
     bars: dict[str, dict[str, tuple[float, float]]] = {}  # (difference, its standard error)
-    notes: list[str] = []  # the other predictions a method reports (summary accuracy.variants)
+    notes: list[str] = []  # the other predictions a method reports (common.other_predictions)
     for (method, loop, variant), cells in table.items():
         base_key = ("standalone", "rounds", base_variant(method, variant))
         texts, done = [], []
@@ -404,10 +404,8 @@ def main() -> None:
                     diff, diff_std / np.sqrt(max(len(mine) - 1, 1)))
             texts.append(text)
             done += mine
-            for name in mine[0]["accuracy"].get("variants", {}):
-                values = [x["accuracy"]["variants"][name]["mean"] for x in mine]
-                notes.append(f"- {label(method, loop, variant)}, {SETTINGS[s][0]}: {name} "
-                             "{:.3f} ± {:.3f}".format(*mean_std(values)))
+            notes += common.other_predictions(f"{label(method, loop, variant)}, "
+                                              f"{SETTINGS[s][0]}", mine)
         cost = (f"{human_bytes(np.mean([traffic(x) for x in done]))} | "
                 f"{np.mean([x['wall_seconds'] / x['rounds'] for x in done]):.1f}"
                 if done else "— | —")
