@@ -39,11 +39,12 @@ HETEROGENEOUS = [
     # with 10 % of the training split as its public set, cut before partitioning (so its client
     # shards are drawn from the rest: its differences pair the seed, not the shards); FedGKT at
     # the table's 20 % participation with the zoo's ResNet-20 server (the paper: 100 %, a
-    # ResNet-50); HeteroFL dynamic a1-b1-c1-d1-e1 on a width-sliced ResNet-26 global model.
+    # ResNet-50); HeteroFL dynamic a1-b1-c1-d1-e1 on a width-sliced ResNet-26 global model,
+    # with a new Adam every round (its code's; a kept one cannot follow a slice that changes).
     ("FedMD", {"method": "fedmd", "public-source": "train-holdout", "public-fraction": 0.1}),
     ("FedGKT", {"method": "fedgkt"}),
     ("HeteroFL", {"method": "heterofl", "heterofl.global-arch": "heterofl-resnet26",
-                  "heterofl.rate-mode": "dynamic"}),
+                  "heterofl.rate-mode": "dynamic", "optimizer-state": "fresh"}),
 ]
 HOMOGENEOUS = [
     ("FedAvg", {"method": "fedavg", "arch-mix": "resnet18"}),

@@ -200,12 +200,22 @@ def test_dynamic_rates_are_redrawn_each_round_from_a_keyed_stream():
     ({"heterofl.rates": "a,b,c", "heterofl.rate-mode": "dynamic"}, ["not one", "fix"]),
     ({"heterofl.global-arch": "cnn1"}, ["cannot be sliced", "heterofl-conv"]),
     ({"robust-aggregation": "median"}, ["slice", "not implemented"]),
+    ({"heterofl.rates": "a1-e1", "heterofl.rate-mode": "dynamic", "optimizer-state": "keep"},
+     ["optimizer-state = 'keep'", "dynamic rate", "'fresh'"]),
 ])
 def test_bad_sub_model_settings_are_refused_before_anything_starts(overrides, words):
     with pytest.raises(ConfigError) as error:
         cfg_of(method="heterofl", **SMALL, **overrides)
     for word in words:
         assert word in str(error.value)
+
+
+def test_a_kept_optimizer_is_refused_only_where_the_slice_moves():
+    """A fixed slice keeps its coordinates, so its optimizer may live across messages; FedRolex's
+    window rolls every round, so it may not."""
+    cfg_of(method="heterofl", **SMALL, **{"optimizer-state": "keep"})
+    with pytest.raises(ConfigError, match="rolling window"):
+        cfg_of(method="fedrolex", **SMALL, **{"optimizer-state": "keep"})
 
 
 # -- the methods ---------------------------------------------------------------------------------

@@ -208,3 +208,16 @@ class SubmodelSettings:
                 f"model cannot be sliced by width; the sub-model methods need one of "
                 f"{', '.join(WIDTH_FAMILIES)}")
         self.plan(cfg)
+        # A kept optimizer's state (momentum, Adam's moments) belongs to the coordinates it
+        # was built over; a slice that changes between messages would restore it onto other
+        # shapes (a new level) or other channels (a window that rolls).
+        moving = ("a dynamic rate draws each client's level anew every round"
+                  if self.rate_mode == "dynamic" else
+                  "the rolling window moves over the channels every round"
+                  if self.index_scheme == "rolling" else "")
+        if moving and cfg.optimizer_state == "keep":
+            raise ConfigError(
+                f"setting optimizer-state = 'keep' is invalid for method {cfg.method!r}: "
+                f"{moving}, so a client's slice of the global model changes between messages "
+                "and a kept optimizer's state would belong to other coordinates; the method's "
+                "code builds a new optimizer every round: set optimizer-state = 'fresh'")
