@@ -87,10 +87,15 @@ PAYLOAD_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
     # it keeps (fedapp.runtime.aggregate.filter_uploads).
     "teachers": (MODEL_RULES, ""),
     "group-teachers": (MODEL_RULES, ""),
-    "server-distillation": ((), "the server trains on what each client computed with a model "
-                            "of its own (per-sample maps of a private stem with that client's "
-                            "logits, or predictions each client's target mixes by its own "
-                            "coefficients): no two uploads lie in one space to compare, so "
+    # The same filter of soft predictions (KT-pFL's), which each client's target mixes.
+    "teacher-predictions": (("median", "trimmed-mean", "krum", "multi-krum", "geomed"),
+                            "the rule filters the uploaded soft predictions, and norm "
+                            "bounding would move a table of probability vectors towards its "
+                            "coordinate-wise median, whose rows do not sum to 1: every "
+                            "client's target must stay a probability vector"),
+    "server-distillation": ((), "the server trains on per-sample maps of each client's own "
+                            "stem with that client's logits: maps of different clients lie in "
+                            "spaces of their own and one client sends hundreds per label, so "
                             "there is no average to make robust and no upload or (row, label) "
                             "pair a distance could single out"),
     "sub-model": ((), "each entry of the global model is averaged over the clients whose "
@@ -336,7 +341,8 @@ class RunConfig:
         "(Pillutla et al. 2022); 'norm-bound' = each upload's distance to the current state "
         "clipped to robust-norm-bound before the average. Servers that train on (row, label) "
         "pairs (FedGH, FedRE, FedTGP, Velo) use the rule to filter each label's rows instead, "
-        "and those that distil from individual uploads (FedGen, FedDF) to filter the uploads",
+        "and those that distil from individual uploads (FedGen, FedDF, KT-pFL) to filter the "
+        "uploads",
         choices=ROBUST_RULES)
     robust_trim_fraction: float = _opt(
         0.1, "trimmed-mean: share of the values cut at each end of every coordinate (< 0.5)",
@@ -349,7 +355,7 @@ class RunConfig:
         "with norm-bound)", low=0.0)
     robust_filter_mads: float = _opt(
         3.0, "median / geomed filtering of the pairs a server trains on (FedGH, FedRE, FedTGP, "
-        "Velo) or the uploads it distils from (FedGen, FedDF): a (row, label) pair or an "
+        "Velo) or the uploads it distils from (FedGen, FedDF, KT-pFL): a (row, label) pair or an "
         "upload is dropped when its distance to its label's or group's median exceeds the "
         "median distance by more than this many scaled MADs (Hampel's identifier)",
         low=0.0)

@@ -67,7 +67,8 @@ class Method:
     public_labels: bool = False
     # What its server combines across clients, by kind (fedapp.config.PAYLOAD_KINDS: "model",
     # "group-model", "class-rows", "server-training", "teachers", "group-teachers",
-    # "server-distillation", "sub-model"): which robust-aggregation rules apply.
+    # "teacher-predictions", "server-distillation", "sub-model"): which robust-aggregation
+    # rules apply.
     payload_kinds: tuple[str, ...] = ()
     # Where its upload holds per-class rows (and which arrays a constraint ties): what the
     # attacks, the same for every method, need to know of its upload.

@@ -153,8 +153,9 @@ def test_bad_attack_and_rule_settings_are_refused(overrides, reason):
 @pytest.mark.parametrize("method, overrides, reason", [
     ("fedgkt", {"robust_aggregation": "geomed"},
      "invalid for method 'fedgkt': its server combines server-distillation payloads"),
-    ("ktpfl", {"robust_aggregation": "median", "public_source": "train-holdout"},
-     "invalid for method 'ktpfl': its server combines server-distillation payloads"),
+    ("ktpfl", {"robust_aggregation": "norm-bound", "robust_norm_bound": 1.0,
+               "public_source": "train-holdout"},
+     "invalid for method 'ktpfl': its server combines teacher-predictions payloads"),
     ("fedgen", {"robust_aggregation": "krum", "num_clients": 4},
      "Krum needs more than 4 uploads in each average, and all has 4 clients"),
     ("feddf", {"robust_aggregation": "multi-krum", "num_clients": 8, "arch_mix": "cnn1,cnn2",
@@ -632,7 +633,7 @@ def _teacher_state(strategy, method):
 
 
 @pytest.mark.parametrize("method, rule", [("fedgen", "median"), ("fedgen", "multi-krum"),
-                                          ("feddf", "median"), ("feddf", "geomed")])
+                                          ("feddf", "median")])
 def test_a_poisoned_upload_is_no_teacher_and_not_averaged(method, rule, tmp_path):
     robust = make_strategy(method, **TEACHER_SMALL[method], robust_aggregation=rule)
     robust.recorder = Recorder(tmp_path / "run", method=method, dataset="synthetic",
