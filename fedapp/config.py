@@ -84,7 +84,7 @@ PAYLOAD_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
     "server-training": (MODEL_RULES, ""),
     # The server distils from each individual upload of one layout (FedGen's heads, FedDF's
     # models within each architecture) and averages them: each rule decides which uploads
-    # it keeps (fedapp.runtime.aggregate.filter_uploads).
+    # it keeps (fedapp.runtime.aggregate.filter_uploads, through FedStrategy.teachers).
     "teachers": (MODEL_RULES, ""),
     "group-teachers": (MODEL_RULES, ""),
     # The same filter of soft predictions (KT-pFL's), which each client's target mixes.

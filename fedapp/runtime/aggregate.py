@@ -330,10 +330,11 @@ def filter_pairs(rows: np.ndarray, labels: np.ndarray, robust: Robust,
 # -- filtering the uploads a server distils from (the "teachers" payload kinds) ---------------
 #
 # FedGen's and FedDF's servers distil from each individual upload (heads, whole models) and
-# average them too. The rule decides which uploads stay, over the round's uploads of one
-# layout (each architecture's, for FedDF), with the same scores and cuts as the pairs above,
-# each upload one row (its float arrays flattened); the method's own distillation and average
-# then run on the kept uploads unchanged.
+# average them too; KT-pFL's mixes the individual soft predictions into each client's target.
+# The rule decides which uploads stay, over the round's uploads of one layout (each
+# architecture's, for FedDF), with the same scores and cuts as the pairs above, each upload
+# one row (its float arrays flattened); the method's own distillation, average or mixing then
+# runs on the kept uploads unchanged.
 
 def filter_uploads(payloads: Sequence[Mapping[str, np.ndarray]], robust: Robust,
                    groups: Sequence[Hashable] | None = None, what: str = "the uploads"

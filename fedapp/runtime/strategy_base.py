@@ -376,7 +376,8 @@ class FedStrategy(Strategy):
                  groups: Sequence[Any] | None = None, what: str = "the uploads"
                  ) -> tuple[list[Payload], np.ndarray]:
         """The individual uploads a server that distils from them (FedGen's heads, FedDF's
-        models) keeps as teachers and averages: ``(payloads, keep)``, ``keep`` [n] bool. Under
+        models, KT-pFL's predictions) keeps as teachers and averages or mixes:
+        ``(payloads, keep)``, ``keep`` [n] bool. Under
         ``robust-aggregation`` the rule filters the uploads within each of ``groups`` (each
         upload's architecture; None = all together) as it filters a label's pairs
         (:func:`~fedapp.runtime.aggregate.filter_uploads`; norm-bound moves them instead);
