@@ -95,7 +95,8 @@ PAYLOAD_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
                             "client's target must stay a probability vector"),
     "server-distillation": ((), "the server trains on per-sample maps of each client's own "
                             "stem with that client's logits: maps of different clients lie in "
-                            "spaces of their own and one client sends hundreds per label, so "
+                            "spaces of their own and one client sends every sample it holds of "
+                            "each label, so "
                             "there is no average to make robust and no upload or (row, label) "
                             "pair a distance could single out"),
     "sub-model": ((), "each entry of the global model is averaged over the clients whose "
