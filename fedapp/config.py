@@ -82,9 +82,23 @@ PAYLOAD_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
     # The server trains a model of its own on the individual (row, label) pairs: each rule
     # decides, per label, which rows it trains on (fedapp.runtime.aggregate.filter_pairs).
     "server-training": (MODEL_RULES, ""),
-    "server-distillation": ((), "the server distils from each individual upload (heads, whole "
-                            "models, per-sample maps with their logits as teachers): there is "
-                            "no average to make robust and no (row, label) pair to filter"),
+    # The server distils from each individual upload of one layout (FedGen's heads, FedDF's
+    # models within each architecture) and averages them: each rule decides which uploads
+    # it keeps (fedapp.runtime.aggregate.filter_uploads, through FedStrategy.teachers).
+    "teachers": (MODEL_RULES, ""),
+    "group-teachers": (MODEL_RULES, ""),
+    # The same filter of soft predictions (KT-pFL's), which each client's target mixes.
+    "teacher-predictions": (("median", "trimmed-mean", "krum", "multi-krum", "geomed"),
+                            "the rule filters the uploaded soft predictions, and norm "
+                            "bounding would move a table of probability vectors towards its "
+                            "coordinate-wise median, whose rows do not sum to 1: every "
+                            "client's target must stay a probability vector"),
+    "server-distillation": ((), "the server trains on per-sample maps of each client's own "
+                            "stem with that client's logits: maps of different clients lie in "
+                            "spaces of their own and one client sends every sample it holds of "
+                            "each label, so "
+                            "there is no average to make robust and no upload or (row, label) "
+                            "pair a distance could single out"),
     "sub-model": ((), "each entry of the global model is averaged over the clients whose "
                   "sub-model (a width slice or a depth prefix) holds it, a different set of "
                   "clients per entry, and the robust rules need whole uploads of one shape; a "
@@ -327,7 +341,9 @@ class RunConfig:
         "rows; 'krum' / 'multi-krum' (Blanchard et al. 2017); 'geomed' = geometric median "
         "(Pillutla et al. 2022); 'norm-bound' = each upload's distance to the current state "
         "clipped to robust-norm-bound before the average. Servers that train on (row, label) "
-        "pairs (FedGH, FedRE, FedTGP, Velo) use the rule to filter each label's rows instead",
+        "pairs (FedGH, FedRE, FedTGP, Velo) use the rule to filter each label's rows instead, "
+        "and those that distil from individual uploads (FedGen, FedDF, KT-pFL) to filter the "
+        "uploads",
         choices=ROBUST_RULES)
     robust_trim_fraction: float = _opt(
         0.1, "trimmed-mean: share of the values cut at each end of every coordinate (< 0.5)",
@@ -340,8 +356,9 @@ class RunConfig:
         "with norm-bound)", low=0.0)
     robust_filter_mads: float = _opt(
         3.0, "median / geomed filtering of the pairs a server trains on (FedGH, FedRE, FedTGP, "
-        "Velo): a (row, label) pair is dropped when its distance to its label's median exceeds "
-        "the median distance by more than this many scaled MADs (Hampel's identifier)",
+        "Velo) or the uploads it distils from (FedGen, FedDF, KT-pFL): a (row, label) pair or an "
+        "upload is dropped when its distance to its label's or group's median exceeds the "
+        "median distance by more than this many scaled MADs (Hampel's identifier)",
         low=0.0)
     # -- client-level differential privacy (fedapp.runtime.privacy; what each method protects
     #    and leaks: docs/privacy.md)

@@ -66,8 +66,9 @@ class Method:
     needs_public: bool = False
     public_labels: bool = False
     # What its server combines across clients, by kind (fedapp.config.PAYLOAD_KINDS: "model",
-    # "group-model", "class-rows", "server-training", "server-distillation"): which
-    # robust-aggregation rules apply.
+    # "group-model", "class-rows", "server-training", "teachers", "group-teachers",
+    # "teacher-predictions", "server-distillation", "sub-model"): which robust-aggregation
+    # rules apply.
     payload_kinds: tuple[str, ...] = ()
     # Where its upload holds per-class rows (and which arrays a constraint ties): what the
     # attacks, the same for every method, need to know of its upload.
@@ -409,7 +410,8 @@ def check_attack_and_rule(cfg: RunConfig, method: Method, archs: list[str]) -> N
         # all of them, or those of one architecture where each has its own model.
         need = 2 * cfg.robust_krum_f + 2
         groups = ({a: archs.count(a) for a in sorted(set(archs))}
-                  if "group-model" in method.payload_kinds else {"all": len(archs)})
+                  if {"group-model", "group-teachers"} & set(method.payload_kinds)
+                  else {"all": len(archs)})
         small = {g: n for g, n in groups.items() if n <= need}
         if small:
             raise ConfigError(

@@ -13,8 +13,8 @@ import torch
 
 from fedapp.config import ConfigError, UploadLayout
 from fedapp.runtime import attacks
-from fedapp.runtime.aggregate import (Robust, filter_pairs, geometric_median, krum_scores,
-                                      robust_average, robust_average_per_group,
+from fedapp.runtime.aggregate import (Robust, filter_pairs, filter_uploads, geometric_median,
+                                      krum_scores, robust_average, robust_average_per_group,
                                       weighted_average)
 from fedapp.runtime.class_stats import robust_class_means
 from fedapp.runtime.payload import from_ndarrays
@@ -151,9 +151,16 @@ def test_bad_attack_and_rule_settings_are_refused(overrides, reason):
 
 # -- refused combinations, one rule for every method ------------------------------------------
 @pytest.mark.parametrize("method, overrides, reason", [
-    ("fedgen", {"robust_aggregation": "median"},
-     "invalid for method 'fedgen': its server combines server-distillation payloads"),
-    ("fedgkt", {"robust_aggregation": "geomed"}, "and no .row, label. pair to filter"),
+    ("fedgkt", {"robust_aggregation": "geomed"},
+     "invalid for method 'fedgkt': its server combines server-distillation payloads"),
+    ("ktpfl", {"robust_aggregation": "norm-bound", "robust_norm_bound": 1.0,
+               "public_source": "train-holdout"},
+     "invalid for method 'ktpfl': its server combines teacher-predictions payloads"),
+    ("fedgen", {"robust_aggregation": "krum", "num_clients": 4},
+     "Krum needs more than 4 uploads in each average, and all has 4 clients"),
+    ("feddf", {"robust_aggregation": "multi-krum", "num_clients": 8, "arch_mix": "cnn1,cnn2",
+               "public_source": "train-holdout"},
+     "Krum needs more than 4 uploads in each average, and cnn1 has 4 clients, cnn2 has 4"),
     ("fedtgp", {"robust_aggregation": "multi-krum", "num_clients": 10},
      "invalid for method 'fedtgp': its server combines class-rows"),
     ("velo", {"robust_aggregation": "norm-bound", "robust_norm_bound": 1.0},
@@ -194,6 +201,11 @@ def test_rules_that_apply_are_accepted():
     for rule in ("median", "trimmed-mean", "geomed"):
         cfg_of(method="fedtgp", robust_aggregation=rule)
         cfg_of(method="velo", robust_aggregation=rule)
+    # The servers that distil from individual uploads filter them: every rule.
+    for rule in ("median", "trimmed-mean", "krum", "multi-krum", "geomed", "norm-bound"):
+        cfg_of(method="fedgen", num_clients=5, robust_aggregation=rule, robust_norm_bound=1.0)
+        cfg_of(method="feddf", num_clients=10, arch_mix="cnn1,cnn2", robust_krum_f=0,
+               robust_aggregation=rule, robust_norm_bound=1.0, public_source="train-holdout")
 
 
 # -- the robust rules against hand-computed values --------------------------------------------
@@ -427,6 +439,68 @@ def test_the_round_record_says_whose_pairs_were_dropped(tmp_path):
     assert clipped._filtered_pairs == {"pairs": 15, "dropped": 0, "clipped": 3}
 
 
+# -- filtering the uploads a server distils from, by hand ---------------------------------------
+def _square_uploads(rows=SQUARE[:5]):
+    """One upload per row of ``rows``: its first coordinate as "w", the rest as "b", and an
+    integer array that no rule looks at."""
+    return [{"w": np.array(r[:1], np.float32), "b": np.array(r[1:], np.float32),
+             "steps": np.array([7 + i])} for i, r in enumerate(rows)]
+
+
+def test_the_upload_filter_keeps_what_the_pair_filter_keeps_of_one_label():
+    # The five uploads are label 0's rows of SQUARE, so each rule keeps the same rows, worked
+    # out by hand above: the median filter and the trimmed cut drop (10, 10), so does
+    # multi-Krum; Krum keeps (0, 0), the first of four corners scored 2.
+    uploads = _square_uploads()
+    for rule, params, kept in [("median", {}, [0, 1, 2, 3]), ("median", {"filter_mads": 0.0},
+                                                               [1, 2, 3]),
+                               ("trimmed-mean", {"trim_fraction": 0.4}, [1, 2, 3]),
+                               ("multi-krum", {"krum_f": 1}, [0, 1, 2, 3]),
+                               ("krum", {"krum_f": 1}, [0])]:
+        out, keep = filter_uploads(uploads, Robust(rule, **params))
+        assert np.flatnonzero(keep).tolist() == kept, rule
+        assert all(a is b for a, b in zip(out, uploads))  # dropped or kept, never changed
+    # The geometric median of the symmetric cross is its centre row: rows 0-4 stay.
+    cross = np.array([[0, 0], [1, 0], [-1, 0], [0, 1], [0, -1], [20, 0], [-20, 0]])
+    assert filter_uploads(_square_uploads(cross), Robust("geomed"))[1].tolist() == \
+        [True] * 5 + [False] * 2
+
+
+def test_the_upload_filter_works_within_each_group_and_names_a_group_too_small(caplog):
+    # Group "a": four honest uploads and a far one; group "b" (another layout): two uploads.
+    uploads = _square_uploads() + [{"w": np.zeros(3, np.float32)},
+                                   {"w": np.full(3, 50.0, np.float32)}]
+    groups = ["a"] * 5 + ["b"] * 2
+    with caplog.at_level(logging.WARNING):
+        _, keep = filter_uploads(uploads, Robust("median"), groups)
+    assert np.flatnonzero(keep).tolist() == [0, 1, 2, 3, 5, 6]  # a median of two drops none
+    assert "group b: 2 uploads: their median is their mean" in caplog.text
+    assert "group a" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        _, keep = filter_uploads(uploads[:3], Robust("krum", krum_f=1), what="the heads")
+    assert "the heads: 3 uploads, and krum with robust-krum-f = 1 needs more than 4" \
+        in caplog.text
+
+
+def test_the_upload_norm_bound_moves_far_uploads_towards_the_median():
+    # Medians (1, 1) of the corners and (10, 10): the far upload, 12.73 away, moves to 1 away
+    # along its direction; the corners, within 1.5, stay exactly as sent (the same objects).
+    uploads = _square_uploads()
+    out, keep = filter_uploads(uploads, Robust("norm-bound", norm_bound=1.5))
+    assert keep.all() and all(out[i] is uploads[i] for i in range(4))
+    step = 1.5 / np.sqrt(2)
+    np.testing.assert_allclose(out[4]["w"], [1 + step], rtol=1e-6)
+    np.testing.assert_allclose(out[4]["b"], [1 + step], rtol=1e-6)
+    assert out[4]["w"].dtype == np.float32
+    assert out[4]["steps"] is uploads[4]["steps"]  # integers are left as sent
+
+
+def test_rule_none_keeps_every_upload_as_it_came():
+    uploads = _square_uploads()
+    out, keep = filter_uploads(uploads, Robust(), ["a"] * 5)
+    assert keep.all() and all(a is b for a, b in zip(out, uploads))
+
+
 # -- records -------------------------------------------------------------------------------------
 def test_runs_record_who_attacked_and_the_honest_mean(tmp_path):
     strategy = make_strategy("lg-fedavg", num_clients=3, attack="sign-flip",
@@ -521,6 +595,75 @@ def test_a_label_flipping_client_trains_on_flipped_labels():
                                   honest.client(2).data.test_y.numpy())
     np.testing.assert_array_equal(fed.client(1).data.train_y.numpy(),
                                   honest.client(1).data.train_y.numpy())
+
+
+# -- every method whose server distils from individual uploads: one poisoned upload dropped --
+TEACHER_SMALL = {"fedgen": {**SMALL, "fedgen.server_steps": 3},
+                 "feddf": {**SMALL, "arch_mix": "cnn1", "public_source": "train-holdout",
+                           "feddf.server_steps": 2}}
+
+
+def _teacher_uploads(strategy, method, poisoned):
+    """Five hand-built uploads, in partition order: client k's is the server's current head
+    (FedGen) or model (FedDF) with entry k of its first array raised by 0.01 (k + 1), so that
+    the honest uploads lie 0.01 to 0.04 from their coordinate-wise median, the server's own;
+    partition 4, if ``poisoned``, sends the same arrays times 100 (a scaling attack)."""
+    from fedapp.runtime.strategy_base import ClientInfo, Upload
+    from strategies.fedgen.maths import LABEL_COUNTS
+    uploads = []
+    for pid in range(5 if poisoned else 4):
+        info = ClientInfo(pid, strategy.architectures[pid])
+        start = strategy.global_head if method == "fedgen" else strategy.models[info.arch]
+        payload = {k: (v * 100 if pid == 4 and v.dtype.kind == "f" else v.copy())
+                   for k, v in start.items()}
+        if pid < 4:
+            first = next(k for k, v in payload.items() if v.dtype.kind == "f")
+            payload[first].reshape(-1)[pid] += 0.01 * (pid + 1)
+        if method == "fedgen":  # the histogram, asked for in the first round
+            payload[LABEL_COUNTS] = np.full(strategy.num_classes, 5, np.int64)
+        uploads.append(Upload(info, 50, payload, {}))
+    return uploads
+
+
+def _teacher_state(strategy, method):
+    if method == "fedgen":
+        return {**{f"G.{k}": v.numpy() for k, v in strategy.generator.state_dict().items()},
+                **strategy.global_head}
+    return {f"{arch}.{k}": v for arch, m in strategy.models.items() for k, v in m.items()}
+
+
+@pytest.mark.parametrize("method, rule", [("fedgen", "median"), ("fedgen", "multi-krum"),
+                                          ("feddf", "median")])
+def test_a_poisoned_upload_is_no_teacher_and_not_averaged(method, rule, tmp_path):
+    robust = make_strategy(method, **TEACHER_SMALL[method], robust_aggregation=rule)
+    robust.recorder = Recorder(tmp_path / "run", method=method, dataset="synthetic",
+                               num_clients=5, num_rounds=2, config={}, partition={})
+    robust.aggregate(1, _teacher_uploads(robust, method, poisoned=True))
+    robust._finish_round(1, [])
+    # Exactly the attacker's upload goes, and the round's record says so.
+    assert robust.recorder.history[0]["filtered_uploads"] == {
+        "uploads": 5, "dropped": 1, "dropped_clients": [4]}
+    # The server then distils and averages exactly as on the honest uploads alone.
+    honest = make_strategy(method, **TEACHER_SMALL[method])
+    honest.aggregate(1, _teacher_uploads(honest, method, poisoned=False))
+    plain = make_strategy(method, **TEACHER_SMALL[method])
+    plain.aggregate(1, _teacher_uploads(plain, method, poisoned=True))
+    ours, alone, dragged = (_teacher_state(s, method) for s in (robust, honest, plain))
+    assert ours.keys() == alone.keys()
+    for name in alone:
+        assert np.array_equal(ours[name], alone[name]), name
+    assert any(not np.array_equal(dragged[n], alone[n]) for n in alone)
+
+
+def test_the_norm_bound_on_teachers_is_recorded_as_clipped():
+    strategy = make_strategy("fedgen", **TEACHER_SMALL["fedgen"],
+                             robust_aggregation="norm-bound", robust_norm_bound=1.0)
+    strategy.aggregate(1, _teacher_uploads(strategy, "fedgen", poisoned=True))
+    assert strategy._filtered_uploads == {"uploads": 5, "dropped": 0, "clipped": 1}
+    # The global head is the average of four honest heads and the attacker's moved to 1.0
+    # from their median (the server's head): within 1.0 / 5 + 0.01 of that head.
+    assert _distance(strategy.global_head, make_strategy(
+        "fedgen", **TEACHER_SMALL["fedgen"]).global_head) <= 1.0 / 5 + 0.01
 
 
 # -- every method: attacked uploads pass the checks; every rule that applies runs --------------

@@ -252,9 +252,27 @@ def test_the_public_labels_are_never_read_and_a_public_set_is_required():
         cfg_of(method="ktpfl", **{**SMALL, "public_source": "none"})
 
 
-def test_robust_rules_are_refused_no_average_to_replace():
-    with pytest.raises(ConfigError, match="robust-aggregation = 'median' is invalid"):
-        cfg_of(method="ktpfl", **{**SMALL, "robust_aggregation": "median"})
+def test_norm_bounding_predictions_is_refused_the_filters_are_not():
+    with pytest.raises(ConfigError, match="robust-aggregation = 'norm-bound' is invalid.*"
+                       "target must stay a probability vector"):
+        cfg_of(method="ktpfl", **{**SMALL, "robust_aggregation": "norm-bound",
+                                  "robust_norm_bound": 1.0})
+    cfg_of(method="ktpfl", **{**SMALL, "robust_aggregation": "median"})
+
+
+def test_a_dropped_upload_counts_as_not_sent():
+    # Three honest tables near (1/2, 1/2) and one far. Their coordinate-wise median is
+    # (0.45, 0.55); distances 0.21, 0.07, 0.07 and 0.64, whose median is 0.14 and MAD 0.07:
+    # the cut 0.14 + 3 * 1.4826 * 0.07 = 0.46 drops client 3, and the round is then the
+    # round of clients 0-2 alone.
+    p = {0: [[0.6, 0.4]], 1: [[0.5, 0.5]], 2: [[0.4, 0.6]], 3: [[0.0, 1.0]]}
+    overrides = {"num_clients": 4, "robust_aggregation": "median"}
+    robust = _round(_strategy(**overrides), p)
+    assert robust._filtered_uploads == {"uploads": 4, "dropped": 1, "dropped_clients": [3]}
+    alone = _round(_strategy(num_clients=4), {k: p[k] for k in range(3)})
+    assert robust.senders.tolist() == alone.senders.tolist() == [0, 1, 2]
+    np.testing.assert_array_equal(robust.predictions, alone.predictions)
+    np.testing.assert_array_equal(robust.coefficients, alone.coefficients)
 
 
 def test_an_alignment_set_larger_than_the_public_set_is_refused_before_training():

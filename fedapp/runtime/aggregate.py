@@ -265,8 +265,9 @@ def _kept_by_rule(x: np.ndarray, robust: Robust) -> tuple[np.ndarray, np.ndarray
     dist = np.linalg.norm(x - centre, axis=1)
     if rule == "norm-bound":
         # Every row kept, moved towards its label's median until within the bound.
+        # A row already within it stays exactly as sent.
         scale = np.minimum(1.0, robust.norm_bound / np.maximum(dist, 1e-300))
-        return centre + scale[:, None] * (x - centre), keep
+        return np.where(scale[:, None] < 1.0, centre + scale[:, None] * (x - centre), x), keep
     if rule == "trimmed-mean":
         # The int(beta n) rows farthest from the median are cut (ties: the last sent).
         cut = int(robust.trim_fraction * n)
@@ -277,6 +278,19 @@ def _kept_by_rule(x: np.ndarray, robust: Robust) -> tuple[np.ndarray, np.ndarray
     middle = np.median(dist)
     mad = np.median(np.abs(dist - middle))
     return x, dist <= middle + robust.filter_mads * MAD_TO_STD * mad
+
+
+def _filter_sets(sets: Sequence[tuple[str, np.ndarray]], robust: Robust, over: str
+                 ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(rows, keep)`` of :func:`_kept_by_rule` for each named set of rows ``[n, D]``
+    (float64): a label's rows, or one architecture's flattened uploads. A set with too few
+    rows for the rule is named in one warning (a median of two is their mean: nothing is
+    dropped). The scoring and keeping of :func:`filter_pairs` and :func:`filter_uploads`."""
+    thin = [f"{name}: {why}" for name, x in sets if (why := robust.too_few(len(x))) is not None]
+    if thin:
+        log(WARNING, "robust-aggregation = %s over %s, too few to protect: %s", robust.rule,
+            over, "; ".join(thin))
+    return [_kept_by_rule(x, robust) for _, x in sets]
 
 
 def filter_pairs(rows: np.ndarray, labels: np.ndarray, robust: Robust,
@@ -303,18 +317,56 @@ def filter_pairs(rows: np.ndarray, labels: np.ndarray, robust: Robust,
         return rows, keep
     flat = np.asarray(rows, np.float64).reshape(len(labels), -1)
     out = flat.copy()
-    thin = []
-    for label in np.unique(labels):
-        members = np.flatnonzero(labels == label)
-        if (why := robust.too_few(len(members))) is not None:
-            thin.append(f"{what} {label}: {why}")
-        out[members], keep[members] = _kept_by_rule(flat[members], robust)
-    if thin:
-        log(WARNING, "robust-aggregation = %s over the pairs a server trains on, too few "
-            "rows: %s", robust.rule, "; ".join(thin))
+    members = [np.flatnonzero(labels == label) for label in np.unique(labels)]
+    kept = _filter_sets([(f"{what} {labels[m[0]]}", flat[m]) for m in members], robust,
+                        "the pairs a server trains on")
+    for m, (moved, kept_rows) in zip(members, kept):
+        out[m], keep[m] = moved, kept_rows
     moved = out.reshape(np.shape(rows)).astype(np.asarray(rows).dtype) \
         if robust.rule == "norm-bound" else rows
     return moved, keep
+
+
+# -- filtering the uploads a server distils from (the "teachers" payload kinds) ---------------
+#
+# FedGen's and FedDF's servers distil from each individual upload (heads, whole models) and
+# average them too; KT-pFL's mixes the individual soft predictions into each client's target.
+# The rule decides which uploads stay, over the round's uploads of one layout (each
+# architecture's, for FedDF), with the same scores and cuts as the pairs above, each upload
+# one row (its float arrays flattened); the method's own distillation, average or mixing then
+# runs on the kept uploads unchanged.
+
+def filter_uploads(payloads: Sequence[Mapping[str, np.ndarray]], robust: Robust,
+                   groups: Sequence[Hashable] | None = None, what: str = "the uploads"
+                   ) -> tuple[list[Payload], np.ndarray]:
+    """The uploads a server may keep as teachers (and average) under ``robust``:
+    ``(payloads, keep)``, ``keep`` [n] bool, and the payloads as the server uses them (moved
+    only by norm-bound, as float32). Within each group (``groups``, e.g. each upload's
+    architecture; None = one group, named ``what``), each upload's float arrays are one row,
+    filtered as :func:`filter_pairs` filters a label's rows (Hampel's identifier around the
+    coordinate-wise or geometric median, the trimmed cut, Krum's scores, or the norm bound
+    around the coordinate-wise median); integer arrays (BatchNorm's step counter) count for
+    nothing and are left as sent. Rule "none": the payloads as they came, every one kept."""
+    keep = np.ones(len(payloads), dtype=bool)
+    out = list(payloads)
+    if robust.rule == "none" or not payloads:
+        return out, keep
+    named = groups is not None
+    groups = list(groups) if named else [what] * len(payloads)
+    members: dict[Hashable, list[int]] = {}
+    for i, group in enumerate(groups):
+        members.setdefault(group, []).append(i)
+    names = {g: [n for n, a in payloads[idx[0]].items() if a.dtype.kind == "f"]
+             for g, idx in members.items()}
+    flats = {g: _flatten([payloads[i] for i in idx], names[g]) for g, idx in members.items()}
+    kept = _filter_sets([(f"group {g}" if named else what, flats[g]) for g in members], robust,
+                        "the uploads a server distils from")
+    for (g, idx), (rows, kept_rows) in zip(members.items(), kept):
+        keep[idx] = kept_rows
+        for i, row, sent in zip(idx, rows, flats[g]):
+            if not np.array_equal(row, sent):  # moved by norm-bound
+                out[i] = {**payloads[i], **_unflatten(row, payloads[i], names[g])}
+    return out, keep
 
 
 def average_where_held(payloads: Sequence[Mapping[str, np.ndarray]]

@@ -24,7 +24,8 @@ replacement, as :meth:`FedStrategy.configure_fit` samples them). The mechanism:
      disjoint clients, so a client is in one of them). Central DP: the server sees individual
      uploads and must be trusted (or run under secure aggregation, which hides them).
    - ``"client"`` mode — the server keeps per-class rows or trains on individual uploads
-     (kinds ``class-rows``, ``server-training``, ``server-distillation``): each client noises its own clipped upload
+     (kinds ``class-rows``, ``server-training``, ``teachers``, ``group-teachers``,
+     ``teacher-predictions``, ``server-distillation``): each client noises its own clipped upload
      with ``N(0, (2 z S)^2)`` before it leaves (local DP); whatever the server computes from
      noisy uploads is post-processing.
 

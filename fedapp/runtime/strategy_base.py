@@ -31,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from logging import INFO, WARNING
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -46,7 +46,7 @@ from client_models import HeteroModel
 from fedapp.config import RunConfig, sampled_per_round
 from fedapp.data import setup
 from fedapp.runtime import attacks, checkpoint, secure_aggregation, timeline
-from fedapp.runtime.aggregate import (Robust, filter_pairs, robust_average,
+from fedapp.runtime.aggregate import (Robust, filter_pairs, filter_uploads, robust_average,
                                       robust_average_per_group)
 from fedapp.runtime.class_stats import robust_class_means
 from fedapp.runtime.payload import (ArraySpec, Payload, PayloadError, WireSize, check_layout,
@@ -230,6 +230,7 @@ class FedStrategy(Strategy):
         # With secure-aggregation: the round's survivors, or why SecAgg+ halted it.
         self._secure: dict[str, Any] = {}
         self._filtered_pairs: dict[str, Any] = {}  # training_pairs' count, this round
+        self._filtered_uploads: dict[str, Any] = {}  # teachers' count, this round
         # Rounds in a row without a usable update, counted on from a resumed run's records.
         self._empty_in_a_row = 0
         for record in reversed(recorder.history if recorder is not None else []):
@@ -369,6 +370,31 @@ class FedStrategy(Strategy):
                 by_client = record.setdefault("dropped_by_client", {})
                 for pid in np.asarray(owners)[~keep]:
                     by_client[str(int(pid))] = by_client.get(str(int(pid)), 0) + 1
+        return out, keep
+
+    def teachers(self, payloads: list[Payload], owners: Sequence[int],
+                 groups: Sequence[Any] | None = None, what: str = "the uploads"
+                 ) -> tuple[list[Payload], np.ndarray]:
+        """The individual uploads a server that distils from them (FedGen's heads, FedDF's
+        models, KT-pFL's predictions) keeps as teachers and averages or mixes:
+        ``(payloads, keep)``, ``keep`` [n] bool. Under
+        ``robust-aggregation`` the rule filters the uploads within each of ``groups`` (each
+        upload's architecture; None = all together) as it filters a label's pairs
+        (:func:`~fedapp.runtime.aggregate.filter_uploads`; norm-bound moves them instead);
+        under "none" every upload is kept as it came. ``owners`` (each upload's partition id)
+        makes the round record say whose uploads were dropped (``filtered_uploads``)."""
+        out, keep = filter_uploads(payloads, self.robust, groups, what)
+        if self.robust.rule != "none":
+            record = self._filtered_uploads
+            record["uploads"] = record.get("uploads", 0) + len(keep)
+            record["dropped"] = record.get("dropped", 0) + int((~keep).sum())
+            moved = sum(a is not b for a, b in zip(out, payloads))
+            if moved:
+                record["clipped"] = record.get("clipped", 0) + moved
+            if not keep.all():
+                record["dropped_clients"] = sorted(
+                    record.get("dropped_clients", [])
+                    + [int(pid) for pid, k in zip(owners, keep) if not k])
         return out, keep
 
     def new_model(self, arch: str) -> HeteroModel:
@@ -520,6 +546,7 @@ class FedStrategy(Strategy):
         self._empty = False
         self._secure = {}
         self._filtered_pairs = {}
+        self._filtered_uploads = {}
         available = self.list_clients(client_manager)
         n = sampled_per_round(self.cfg, len(available))
         if self.privacy is not None:
@@ -814,6 +841,8 @@ class FedStrategy(Strategy):
                **({"secure_aggregation": self._secure} if self.cfg.secure_aggregation else {}),
                **self.attack_record(evals),
                **({"filtered_pairs": self._filtered_pairs} if self._filtered_pairs else {}),
+               **({"filtered_uploads": self._filtered_uploads}
+                  if self._filtered_uploads else {}),
                "train_loss": self._train_loss,
                **({"train_terms": self._train_terms} if self._train_terms else {}),
                **self._devices,

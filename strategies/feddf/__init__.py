@@ -81,10 +81,10 @@ METHOD = Method("FedAvg within each architecture, then the server distils the en
                 "uploaded model into each architecture's average on an unlabelled public set",
                 strategy_class="FedDF", client_class="FedDFClient", settings=FedDFSettings,
                 recipe=RECIPE, needs_public=True, public_labels=False,
-                # The group averages would take a robust rule, but the distillation's teachers
-                # are the individual uploads: one poisoned model steers every student whatever
-                # rule averages x_a, so the robust rules are refused rather than half applied.
-                payload_kinds=("group-model", "server-distillation"),
+                # Every upload teaches every student, so a robust rule filters the uploads
+                # (within each architecture), and both the averages x_a and the teachers are
+                # the kept uploads (FedStrategy.teachers).
+                payload_kinds=("group-teachers",),
                 secure_aggregation=(
                     "its server distils the ensemble of the individual client models into each "
                     "architecture's average"))

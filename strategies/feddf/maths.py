@@ -8,11 +8,12 @@ recipe); it uploads its whole model. It is the FedAvg client, with a payload per
 Server, each round (the authors' ``noise_knowledge_transfer.NoiseKTSolver.distillation``):
 
 1. for each architecture a with a client this round, x_a = the **uniform** mean of its uploaded
-   models (``feddf.average``; the code does not weight by samples), through the base's
-   robust-aware :meth:`~fedapp.runtime.strategy_base.FedStrategy.average_per_group`;
+   models (``feddf.average``; the code does not weight by samples);
 2. the student starts at x_a, in train mode (its BatchNorm statistics follow the public
    batches, as the code's); the teachers are **every** received model of any architecture, in
-   eval mode and frozen;
+   eval mode and frozen. With ``robust-aggregation`` set, the rule first filters each
+   architecture's uploads (:meth:`~fedapp.runtime.strategy_base.FedStrategy.teachers`), and
+   both x_a and the teachers are the kept models;
 3. ``feddf.server-steps`` steps, each on one batch of the public set (a fresh seeded shuffle per
    pass), of ``feddf.student-loss`` (default ``avg-logits``: KL(σ(ō/T) ‖ σ(s/T)), batch mean,
    no T² factor, ō the mean of the teachers' logits) with Adam (``feddf.server-lr``, cosine
@@ -44,6 +45,7 @@ import torch.nn.functional as F
 
 from fedapp.config import ConfigError
 from fedapp.data import setup
+from fedapp.runtime.aggregate import average_per_group
 from fedapp.runtime.client_base import load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -204,14 +206,20 @@ class FedDF(FedStrategy):
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
         s = self.settings
+        # Under robust-aggregation the rule drops (or, norm-bound, moves) outlying models
+        # within each architecture: both the averages x_a and the teachers are the kept ones.
         archs = [u.client.arch for u in uploads]
-        weights = [1.0 if s.average == "uniform" else float(u.num_examples) for u in uploads]
-        averages = self.average_per_group(archs, [u.payload for u in uploads], weights,
-                                          references={a: self.models[a] for a in set(archs)})
+        payloads, keep = self.teachers([u.payload for u in uploads],
+                                       [u.client.partition_id for u in uploads], archs)
+        kept = [i for i in range(len(uploads)) if keep[i]]
+        archs, payloads = [archs[i] for i in kept], [payloads[i] for i in kept]
+        weights = [1.0 if s.average == "uniform" else float(uploads[i].num_examples)
+                   for i in kept]
+        averages = average_per_group(archs, payloads, weights)
         self.distillation = {}
         if s.server_steps > 0:
             public_x, validation = self.public_split()
-            teachers = [self.module(u.client.arch, u.payload) for u in uploads]
+            teachers = [self.module(arch, p) for arch, p in zip(archs, payloads)]
             for arch in sorted(averages):
                 seed = derive_seed(self.cfg.seed, "feddf-distillation", server_round, arch)
                 student = self.module(arch, averages[arch])

@@ -62,6 +62,8 @@ METHOD = Method("heads averaged; the server trains a feature generator on the en
                 "the heads, and clients train their heads on its features too",
                 strategy_class="FedGen", client_class="FedGenClient", shared_dim=True,
                 settings=FedGenSettings, recipe=HTFLLIB,
-                payload_kinds=("model", "server-distillation"),
+                # The heads are the generator's teachers and are averaged: a robust rule
+                # filters them, and both use the kept heads (FedStrategy.teachers).
+                payload_kinds=("teachers",),
                 # Heads are linear: each label's teacher ensemble is one head, a weighted sum.
                 secure_aggregation="fixed-layout")

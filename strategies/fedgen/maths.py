@@ -15,7 +15,9 @@ global head. Each round:
 3. the server trains G for ``server-steps`` Adam steps (a new Adam on the persistent G each round)
    on ``CE(sum_k w_k h_k(G(y~)), y~)``, the weighted ensemble of the uploaded heads labelling the
    generated features, plus ``diversity`` times the diversity regulariser; then the global head is
-   the sample-weighted average of the uploaded heads.
+   the sample-weighted average of the uploaded heads. With ``robust-aggregation`` set, the rule
+   first filters the heads (:meth:`~fedapp.runtime.strategy_base.FedStrategy.teachers`), and
+   the ensemble, its label pool and the average are those of the kept heads.
 
 Evaluation uses the client's extractor with the global head (what HtFLlib measures at the start
 of a round); the client's own head after local training is reported as ``accuracy-own-head``.
@@ -52,6 +54,7 @@ from torch import nn
 from fedapp.config import RunConfig
 from fedapp.data import setup
 from fedapp.runtime import secure_aggregation
+from fedapp.runtime.aggregate import weighted_average
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -357,17 +360,24 @@ class FedGen(FedStrategy):
                 self.label_counts[u.client.partition_id] = u.payload[LABEL_COUNTS].astype(
                     np.int64)
                 self.reported.add(u.client.partition_id)
-        heads = [{k: u.payload[k] for k in HEAD} for u in uploads]
-        num_examples = np.array([u.num_examples for u in uploads], np.float64)
-        s = self.settings
         pids = [u.client.partition_id for u in uploads]
+        # Under robust-aggregation the rule drops (or, norm-bound, moves) outlying heads: the
+        # ensemble and the average are then those of the kept heads, as if the others had not
+        # been sent this round (their label histograms stay known: they are the clients' own).
+        heads, keep = self.teachers([{k: u.payload[k] for k in HEAD} for u in uploads], pids,
+                                    what="the heads")
+        heads = [h for h, kept in zip(heads, keep) if kept]
+        pids = [p for p, kept in zip(pids, keep) if kept]
+        num_examples = np.array([u.num_examples for u, kept in zip(uploads, keep) if kept],
+                                np.float64)
+        s = self.settings
         counts = np.stack([self.label_counts[p] for p in pids])
         # The paper's teachers are this round's clients: with per-label weights the labels
         # come from their pooled histogram; HtFLlib's from every client's.
         pool = counts.sum(0) if s.teacher_weights == "label" else self.known_pool()
         self.server_step(server_round, heads,
                          teacher_weights(counts, num_examples, s.teacher_weights), pool,
-                         self.average(heads, num_examples.tolist(), reference=self.global_head))
+                         weighted_average(heads, num_examples.tolist()))
 
     def server_step(self, server_round: int, heads: list[Payload], weights: np.ndarray,
                     pool: np.ndarray, head: Payload) -> None:

@@ -75,8 +75,9 @@ METHOD = Method("parameterized knowledge transfer for personalised FL: soft pred
                 strategy_class="KTpFL", client_class="KTpFLClient", settings=KTpFLSettings,
                 recipe=RECIPE, needs_public=True, public_labels=False,
                 # The server learns coefficients from the individual uploads and mixes them per
-                # client: no average for a robust rule to replace.
-                payload_kinds=("server-distillation",),
+                # client: a robust rule filters the uploads first, and a dropped one counts as
+                # not sent (FedStrategy.teachers).
+                payload_kinds=("teacher-predictions",),
                 secure_aggregation=("its server learns each client's knowledge coefficients "
                                     "from the individual soft predictions and mixes them per "
                                     "client"),

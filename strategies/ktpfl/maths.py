@@ -37,7 +37,9 @@ accepted uploads come from: the step is the code's step with S as the federation
 sub-matrix c[S, S], its rows re-normalised to sum to 1, uniform 1/|S|, the softmax over S);
 the coefficients outside it stay as they were; and any client's target mixes the last
 senders' predictions by its stored row over S, re-normalised to sum to 1 (with every client
-in every round: exactly the code's).
+in every round: exactly the code's). With ``robust-aggregation`` set, the rule first filters
+the round's prediction tables (:meth:`~fedapp.runtime.strategy_base.FedStrategy.teachers`),
+and S is the kept uploads' senders: a dropped upload counts as not sent.
 """
 
 from __future__ import annotations
@@ -221,6 +223,11 @@ class KTpFL(FedStrategy):
         check_probabilities(payload["probabilities"])
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
+        # Under robust-aggregation the rule drops outlying prediction tables: a dropped
+        # client is then no sender of this round (its coefficients and predictions unused).
+        _, keep = self.teachers([u.payload for u in uploads],
+                                [u.client.partition_id for u in uploads], what="the predictions")
+        uploads = [u for u, kept in zip(uploads, keep) if kept]
         senders = np.array([u.client.partition_id for u in uploads], np.int64)
         predictions = np.stack([u.payload["probabilities"] for u in uploads]).astype(np.float32)
         block = np.ix_(senders, senders)
