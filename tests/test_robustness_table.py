@@ -56,8 +56,8 @@ def test_the_cells_are_what_fedapp_run_accepts():
     # Per-class rows take the median-type rules; two clients per architecture leave Krum out.
     assert robustness.candidates("fedproto") == ["median", "trimmed-mean", "geomed"]
     assert robustness.candidates("fedper") == ["median", "trimmed-mean", "geomed"]
-    assert robustness.candidates("fedgen") == []
-    rule, why = robustness.best_rule("fedgen", attacks, Path("/nonexistent"), None, ())
+    assert robustness.candidates("fedgkt") == []
+    rule, why = robustness.best_rule("fedgkt", attacks, Path("/nonexistent"), None, ())
     assert rule is None and "server-distillation" in why
     assert "standalone" not in robustness.methods()
 
@@ -159,16 +159,16 @@ def test_the_table_reads_each_cell_against_the_attack_free_run(tmp_path, monkeyp
     write_run(out, "lg-fedavg-sign-flip-p30-geomed-seed0", [], failed="state is NaN")
     cell = robustness.Cell("lg-fedavg", "sign-flip", 0.3, "geomed", (0,))
     assert robustness.missing(cell, out) == []
-    body, found = robustness.table(["lg-fedavg", "fedgen"], attacks, [0.3], [0], out, None,
+    body, found = robustness.table(["lg-fedavg", "fedgkt"], attacks, [0.3], [0], out, None,
                                    attacks, (), "cmd")
     assert found
     rows = body.splitlines()
     assert "| lg-fedavg — geomed | none | 0.830 | not run |" in rows
     assert "|  | sign-flip | 0.500 (-0.300) | stopped |" in rows
-    assert "| fedgen — no rule | none | not run | no rule |" in rows
+    assert "| fedgkt — no rule | none | not run | no rule |" in rows
     assert "- lg-fedavg-sign-flip-p30-geomed-seed0: non-finite: state is NaN" in rows
     assert "| lg-fedavg | 1 | 0.000 | 0.400 | **0.700** | 0.600 |" in rows
-    assert any(r.startswith("- fedgen: setting robust-aggregation") for r in rows)
+    assert any(r.startswith("- fedgkt: setting robust-aggregation") for r in rows)
     # Every run the table read is counted in its provenance line.
     assert len(common.READ) == 2 + 3
 
