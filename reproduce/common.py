@@ -596,17 +596,20 @@ def verdict(differences: Sequence[float]) -> str:
 
 
 def claim_line(a: str, b: str, mine: Sequence[Mapping[str, Any]],
-               base: Sequence[Mapping[str, Any]], metric=mean_client_accuracy) -> str:
+               base: Sequence[Mapping[str, Any]], metric=mean_client_accuracy,
+               base_metric=None) -> str:
     """``a ≥ b: level (0.9596 vs 0.9596; paired by seed +0.0000 ± 0.0050: +0.0040, ...)``:
-    the verdict of VERDICT_RULE on ``metric`` of runs ``mine`` against ``base``, seed by seed,
-    with both means and every difference it came from."""
+    the verdict of VERDICT_RULE on ``metric`` of runs ``mine`` against ``base`` (read with
+    ``base_metric`` where a paper scores the other method another way), seed by seed, with
+    both means and every difference it came from."""
     if len(mine) != len(base):
         raise ValueError(f"paired runs: {len(mine)} seeds against {len(base)}")
-    diffs = [metric(x) - metric(y) for x, y in zip(mine, base)]
+    base_metric = base_metric or metric
+    diffs = [metric(x) - base_metric(y) for x, y in zip(mine, base)]
     mean, spread = mean_std(diffs)
     mean = round(mean, 12) + 0.0  # differences that cancel print as +0.0000, not -0.0000
     return (f"{a} ≥ {b}: {verdict(diffs)} ({np.mean([metric(x) for x in mine]):.4f} vs "
-            f"{np.mean([metric(y) for y in base]):.4f}; paired by seed {mean:+.4f} ± "
+            f"{np.mean([base_metric(y) for y in base]):.4f}; paired by seed {mean:+.4f} ± "
             f"{spread:.4f}" + (": " + ", ".join(f"{d:+.4f}" for d in diffs)
                                if len(diffs) > 1 else "") + ")")
 
@@ -639,11 +642,12 @@ def other_predictions(label: str, summaries: Sequence[Mapping[str, Any]]) -> lis
 
 def comparison_table(title: str, results: Mapping[str, Sequence[Mapping[str, Any]]],
                      seeds: Sequence[int], pairs: Iterable[tuple[str, str]],
-                     metric=global_accuracy) -> str:
+                     metric=global_accuracy, extra_claims: Sequence[str] = ()) -> str:
     """A paper's comparison on the global test set: per row, the global-test accuracy (mean
     over clients, ± std over seeds), its std over clients, the local-test accuracy, the floats
     a client sends and receives in the last round and the wall seconds; below, the verdict of
-    each claim a ≥ b in ``pairs`` (VERDICT_RULE, on ``metric``, paired by seed)."""
+    each claim a ≥ b in ``pairs`` (VERDICT_RULE, on ``metric``, paired by seed), then
+    ``extra_claims`` (claim lines made otherwise)."""
     def row(label: str, summaries: Sequence[Mapping[str, Any]]) -> str:
         com = summaries[0]["communication"]
         client_std = np.mean([np.std(global_accuracies(s)) for s in summaries])
@@ -665,6 +669,7 @@ def comparison_table(title: str, results: Mapping[str, Sequence[Mapping[str, Any
         "",
         *(f"- {claim_line(a, b, results[a], results[b], metric)}"
           for a, b in pairs if a in results and b in results),
+        *(f"- {claim}" for claim in extra_claims),
     ]
     others = [line for label, runs in results.items() for line in other_predictions(label, runs)]
     if others:
