@@ -149,11 +149,14 @@ def provenance_line(summaries: Iterable[Mapping[str, Any]]) -> str:
 def run_experiment(preset: str | None, overrides: Mapping[str, Any], run_name: str,
                    out_dir: Path) -> dict[str, Any]:
     """``fedapp run [preset] --set ...`` into ``out_dir/run_name``; its summary. A run whose
-    summary already exists is not repeated, so an interrupted reproduction resumes."""
+    summary already exists is not repeated, so an interrupted reproduction resumes. In a
+    pipeline check (``quick_folder``) a client that failed fails the check: a run survives
+    failed rounds up to ``max-empty-rounds``, and a setting that crashes clients must not
+    wait for the real runs to show it."""
     done = finished(out_dir, run_name)
     if done is not None:
         print(f"[reproduce] {run_name}: done before, reusing {done}", flush=True)
-        return record(out_dir, run_name, provenance(made_here=False))
+        return checked(out_dir, run_name, record(out_dir, run_name, provenance(made_here=False)))
     cmd = [*FEDAPP, "run", *([preset] if preset else []), "--output-dir", str(out_dir),
            "--set", f"run-name={toml_value(run_name)}"]
     for key, value in overrides.items():
@@ -167,7 +170,17 @@ def run_experiment(preset: str | None, overrides: Mapping[str, Any], run_name: s
         raise RuntimeError(f"{run_name} failed with exit status {proc.returncode}")
     print(f"[reproduce] {run_name}: {proc.stdout.strip().splitlines()[-2]} "
           f"({time.time() - start:.0f} s)", flush=True)
-    return record(out_dir, run_name, origin)
+    return checked(out_dir, run_name, record(out_dir, run_name, origin))
+
+
+def checked(out_dir: Path, run_name: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """``summary``, unless ``out_dir`` is a pipeline check's and a client failed in the run."""
+    if Path(out_dir).name == QUICK and summary.get("failures"):
+        raise RuntimeError(
+            f"{run_name}: {summary['failures']} client update(s) failed in this pipeline check "
+            f"(clients {summary.get('failed_clients')}): the run's settings crash clients; "
+            f"see {Path(out_dir) / run_name / 'flwr.log'}")
+    return summary
 
 
 def run_seeds(preset: str | None, overrides: Mapping[str, Any], run_name: str,

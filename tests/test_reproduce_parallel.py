@@ -121,6 +121,23 @@ def test_a_pipeline_checks_runs_are_never_recorded(tmp_path, records, monkeypatc
     assert not records.exists()
 
 
+def test_a_pipeline_check_fails_when_a_client_failed(tmp_path, records):
+    # A run survives failed rounds (max-empty-rounds); a pipeline check must not.
+    out = common.quick_folder(tmp_path / "reproduce-felo")
+    for name, failures in (("ok-seed0", 0), ("crash-seed0", 3)):
+        (out / name).mkdir(parents=True)
+        (out / name / "summary.json").write_text(json.dumps(
+            {"accuracy": 0.3, "failures": failures, "failed_clients": [1, 4] * (failures > 0)}))
+    assert common.run_experiment(None, {}, "ok-seed0", out)["accuracy"] == 0.3
+    with pytest.raises(RuntimeError, match=r"3 client update\(s\) failed .*\[1, 4\]"):
+        common.run_experiment(None, {}, "crash-seed0", out)
+    # The real runs keep their failures as data (a fault table may inject them).
+    real = tmp_path / "reproduce-felo"
+    (real / "crash-seed0").mkdir(parents=True)
+    (real / "crash-seed0" / "summary.json").write_text(json.dumps({"failures": 3}))
+    assert common.run_experiment(None, {}, "crash-seed0", real)["failures"] == 3
+
+
 def test_a_sweep_counts_each_of_its_runs_once_in_the_tables_provenance(tmp_path, records,
                                                                        monkeypatch):
     out = tmp_path / "scoreboard"
