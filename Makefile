@@ -40,7 +40,8 @@ bench: setup
 REPRODUCE = defaults.py scoreboard.py "fedclassavg_defaults.py --variants 2" fedgh_fmnist.py \
             fedgh_regimes.py fedclassavg_fmnist.py fedclassavg_diagnosis.py \
             fedclassavg_longer.py fedhe_async_fmnist.py fedhe_fmnist.py felo_fmnist.py \
-            "compfl_fmnist.py --clients 10" compfl_d2d_fmnist.py privacy_utility.py
+            "compfl_fmnist.py --clients 10" compfl_d2d_fmnist.py privacy_utility.py \
+            submodels_fmnist.py
 reproduce: setup
 	.venv/bin/pip install -q -e ".[reproduce]"
 	set -e; for run in $(REPRODUCE); do .venv/bin/python reproduce/$$run; done

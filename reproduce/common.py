@@ -16,9 +16,11 @@ import functools
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -33,6 +35,12 @@ FEDAPP = [sys.executable, "-m", "fedapp.cli.main"]
 RECORDS = ROOT / "reproduce" / "records"
 # What a run executes: a record says whether these had uncommitted changes when it was made.
 RUN_CODE = ("fedapp", "strategies", "client_models", "conf", "pyproject.toml")
+
+
+def slug(text: str) -> str:
+    """A run's name from a table's label: lower case, each run of other characters one '-'
+    (``"Dirichlet 0.5 FedMD"`` -> ``"dirichlet-0-5-fedmd"``)."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 def record_path(out_dir: Path, run_name: str) -> Path:
@@ -332,17 +340,18 @@ MODELS_MODULE = "reproduce.submodel_models"
 def client_models_of(settings: Mapping[str, Any]) -> list[str]:
     """The model each client of the sub-model run ``settings`` trains, by partition id, as a
     name of reproduce/submodel_models.py: its width slice (HeteroFL, FedRolex, FjORD) or its
-    depth prefix (DepthFL). Raises ValueError where no fixed model per client exists (rates
-    drawn anew each round), or the models are not what that module builds (a model-width other
-    than 1)."""
+    depth prefix (DepthFL, at its model-width). Raises ValueError where no fixed model per
+    client exists (rates drawn anew each round), or the models are not what that module builds
+    (a width slice's model-width other than 1)."""
     import submodel_models as sm
     cfg = run_config(settings)
     s = cfg.settings
+    if cfg.method == "depthfl":
+        width = Fraction(str(cfg.model_width))
+        return [sm.depth_name(s.model, d, width) for d in s.client_depths(cfg)]
     if cfg.model_width != 1:
         raise ValueError(f"model-width = {cfg.model_width}: a model given by import path is "
                          "built at width 1")
-    if cfg.method == "depthfl":
-        return [sm.depth_name(s.model, d) for d in s.client_depths(cfg)]
     plan = s.plan(cfg)
     if plan.dynamic:
         raise ValueError(f"{cfg.method}.rate-mode = 'dynamic': a client's width changes "

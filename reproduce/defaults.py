@@ -51,7 +51,6 @@ and checks each one's settings as ``fedapp run`` would, running nothing.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +58,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from common import (DEFAULT_SEEDS, DEFAULTS_SETTINGS, ROOT, VERDICT_RULE,  # noqa: E402
+from common import (slug, DEFAULT_SEEDS, DEFAULTS_SETTINGS, ROOT, VERDICT_RULE,  # noqa: E402
                     add_resource_options, cell, finished, mean_client_accuracy, mean_std,
                     page_methods, read_generated, recipe_label, recipe_named, recipes,
                     resource_overrides, run_parallel, run_seeds, seeds_option, signed, training,
@@ -73,10 +72,6 @@ DOC = ROOT / "docs" / "defaults.md"
 # FedAvg needs one architecture: the smallest CNN of the mix, the model FML, FedMRL and FedKD
 # share beside each client's own (so its row is "the shared model alone").
 ONE_ARCH = {"arch-mix": "cnn5"}
-
-
-def slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 # The verdicts under the table, each a line of "<label> on <column>" entries separated by "; "

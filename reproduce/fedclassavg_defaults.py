@@ -22,7 +22,6 @@ Finished runs are reused (results/fedclassavg-defaults/), so an interrupted run 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (DEFAULT_SEEDS, DEFAULTS_SETTINGS, FEDCLASSAVG_SETTINGS, ROOT,  # noqa: E402
                     cell, mean_std, per_client_accuracies, run_experiment, training_caption,
-                    write_generated, seeds_option)
+                    write_generated, seeds_option, slug as common_slug)
 
 SCRIPT = "reproduce/fedclassavg_defaults.py"
 OUT = ROOT / "results" / "fedclassavg-defaults"
@@ -59,7 +58,7 @@ VARIANTS = {
 
 
 def slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:80]
+    return common_slug(text)[:80]
 
 
 def recipe_overrides() -> dict:

@@ -13,7 +13,6 @@ tables between the markers of ``docs/fedclassavg.md`` and the plots
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -23,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (DEFAULT_SEEDS, ROOT, add_resource_options, cell, paired_line,  # noqa: E402
                     per_client_accuracies, plot_curves, resource_overrides, run_experiment,
-                    run_parallel, write_generated, seeds_option)
+                    run_parallel, slug, write_generated, seeds_option)
 
 PRESET = "conf/fedclassavg-code.toml"
 OUT = ROOT / "results" / "fedclassavg-fmnist"
@@ -57,10 +56,6 @@ ABLATION_PAIRS = [("CA+PR", "CA"), ("CA+PR+CL (FedClassAvg)", "CA+CL"),
                   ("CA, no augmentation", "local (standalone), Dir(0.5)"),
                   ("FedClassAvg, SupCon normalised T=0.07, Dir(0.5)", "CA+PR")]
 PAPER_ABLATION = {"CA": 0.8578, "CA+PR": 0.8971, "CA+CL": 0.924, "CA+PR+CL (FedClassAvg)": 0.9303}
-
-
-def slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 def experiments(overrides: Mapping[str, Any], name: str, seeds: Sequence[int],

@@ -23,12 +23,11 @@ into docs/. Finished runs are reused (their summary.json), so an interrupted run
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 import numpy as np
 
-from common import (DEFAULT_SEEDS, ROOT, VERDICT_RULE, add_resource_options, cell, claim_line,
+from common import (slug, DEFAULT_SEEDS, ROOT, VERDICT_RULE, add_resource_options, cell, claim_line,
                     mean_std, per_client_accuracies, quick_folder, resource_overrides,
                     run_experiment, run_parallel, training_caption, write_generated, seeds_option)
 
@@ -206,7 +205,7 @@ def main() -> None:
                        if every and split == "IID" and args.arrival else []))
         rows = {}
         for (label, preset, overrides), runs_seeds in variants:
-            name = re.sub(r"[^a-z0-9]+", "-", f"{split.split()[0]} {label}".lower()).strip("-")
+            name = slug(f"{split.split()[0]} {label}")
             if len(runs_seeds) < len(seeds):
                 label = f"{label} (seed {runs_seeds[0]} only)"
             rows[label] = [(preset, {**overrides, **split_overrides, **EVAL, "seed": seed,

@@ -32,9 +32,8 @@ reproduce/records/reproduce-fedhe/), so an interrupted reproduction resumes.
 
 from __future__ import annotations
 
-import re
 
-from common import (VERDICT_RULE, comparison_table, global_accuracy, resource_overrides,
+from common import (slug, VERDICT_RULE, comparison_table, global_accuracy, resource_overrides,
                     run_experiment, run_parallel, seeds_option, training_caption,
                     write_generated)
 from fedhe_async_fmnist import (EQUAL, EVAL, PRIVATE, QUICK, SPLITS, SYNC, parse_split_options,
@@ -63,8 +62,7 @@ def main() -> None:
     def plan(split: str, split_overrides: dict) -> dict[str, list[tuple]]:
         return {label: [(EQUAL, {**SYNC, **PUBLIC, **overrides, **split_overrides, **EVAL,
                                  "seed": seed, **extra, **resources},
-                         re.sub(r"[^a-z0-9]+", "-", f"{split.split()[0]} {label}".lower())
-                         .strip("-") + f"-seed{seed}")
+                         slug(f"{split.split()[0]} {label}") + f"-seed{seed}")
                         for seed in seeds]
                 for label, overrides in ROWS}
 

@@ -22,10 +22,9 @@ curves into docs/felo-fmnist.png.
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
-from common import (DEFAULT_SEEDS, ROOT, VERDICT_RULE, add_resource_options, claim_line,
+from common import (slug, DEFAULT_SEEDS, ROOT, VERDICT_RULE, add_resource_options, claim_line,
                     comparison_table, finished, global_accuracy, plot_panels, quick_folder,
                     resource_overrides, run_experiment, run_parallel, write_generated,
                     seeds_option)
@@ -94,8 +93,7 @@ def main() -> None:
 
     def experiments(label: str, overrides: dict, split: str, split_overrides: dict,
                     tag: str) -> list[tuple[str, dict, str]]:
-        name = re.sub(r"[^a-z0-9]+", "-",
-                      f"{tag}-{split.split()[0]}-{label}".lower()).strip("-")
+        name = slug(f"{tag}-{split.split()[0]}-{label}")
         return [(PRESET, {**overrides, **split_overrides, "seed": seed, **extra, **resources},
                  f"{name}-seed{seed}") for seed in seeds]
 

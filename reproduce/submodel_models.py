@@ -10,13 +10,14 @@ client_models.custom; common.submodel_standalone writes the names).
   statistics it runs at without ordered dropout; the narrower widths' statistics are buffers
   that only FjORD's sampled widths use). The client's slice, parameter for parameter
   (client_models.width.build_width_model).
-- ``depth__<family>__<d>``: the first d stages of DepthFL's ``<family>`` and the exit after the
-  d-th, the path from the input to the deepest exit of a depth-d client's model; its
-  shallower exits, which only DepthFL's self-distillation trains, are left out
+- ``depth__<family>__<d>[__<p>_<q>]``: the first d stages of DepthFL's ``<family>`` (its
+  channels x p/q where the name says, DepthFL's ``model-width``) and the exit after the d-th,
+  the path from the input to the deepest exit of a depth-d client's model; its shallower
+  exits, which only DepthFL's self-distillation trains, are left out
   (client_models.depth_prefix.build_depth_model).
 
-Standalone then trains each with cross-entropy, as every zoo model. Both are built at
-``model-width`` 1, the only width a model given by import path takes.
+Standalone then trains each with cross-entropy, as every zoo model, at ``model-width`` 1, the
+only width a model given by import path takes: a width is part of the name.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ def width_name(arch: str, rate: Fraction, norm: str, scaler: bool) -> str:
             .replace("-", "_"))
 
 
-def depth_name(family: str, depth: int) -> str:
-    return f"depth__{family}__{depth}"
+def depth_name(family: str, depth: int, width: Fraction = Fraction(1)) -> str:
+    return f"depth__{family}__{depth}" + (
+        "" if width == 1 else f"__{width.numerator}_{width.denominator}")
 
 
 def width_model(arch: str, rate: Fraction, norm: str, scaler: bool) -> Callable[..., nn.Module]:
@@ -58,11 +60,12 @@ def width_model(arch: str, rate: Fraction, norm: str, scaler: bool) -> Callable[
     return build
 
 
-def depth_model(family: str, depth: int) -> Callable[..., nn.Module]:
+def depth_model(family: str, depth: int, width: Fraction = Fraction(1)
+                ) -> Callable[..., nn.Module]:
     from client_models.depth_prefix import build_depth_model
 
     def build(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-        model = build_depth_model(family, depth, input_shape, num_classes)
+        model = build_depth_model(family, depth, input_shape, num_classes, float(width))
         deepest = model.exits[-1]
         # Its last Linear is the head; the rest of the exit (pooling, or the attention gate
         # and its convolutions) ends the extractor.
@@ -83,9 +86,11 @@ def __getattr__(name: str) -> Any:
             p, q = rate.split("_")
             return width_model(arch.replace("_", "-"), Fraction(int(p), int(q)),
                                norm.replace("_", "-"), scaler == "1")
-        if kind == "depth" and len(parts) == 2:
-            return depth_model(parts[0], int(parts[1]))
+        if kind == "depth" and len(parts) in (2, 3):
+            p, q = parts[2].split("_") if len(parts) == 3 else (1, 1)
+            return depth_model(parts[0], int(parts[1]), Fraction(int(p), int(q)))
     except ValueError:
         pass
     raise AttributeError(f"module {__name__!r} has no {name!r}: expected "
-                         "width__<arch>__<norm>__<scaler>__<p>_<q> or depth__<family>__<d>")
+                         "width__<arch>__<norm>__<scaler>__<p>_<q> or "
+                         "depth__<family>__<d>[__<p>_<q>]")

@@ -50,9 +50,11 @@ def test_standalone_trains_each_clients_width_slice_parameter_for_parameter(meth
         assert torch.allclose(mine.train()(x), theirs.train()(x), atol=1e-5)
 
 
-def test_standalone_trains_each_depthfl_clients_path_to_its_deepest_exit():
+@pytest.mark.parametrize("width", [1.0, 0.5])  # DepthFL's model-width: part of the name
+def test_standalone_trains_each_depthfl_clients_path_to_its_deepest_exit(width):
     from strategies.depthfl.maths import depth_model
-    settings = {**BASE, "method": "depthfl", "depthfl.model": "cnn4"}  # depths 1,2,3,4 blocks
+    settings = {**BASE, "method": "depthfl", "depthfl.model": "cnn4",  # depths 1,2,3,4 blocks
+                "model-width": width}
     run = common.run_config(settings)
     alone = common.run_config({**BASE, "method": "standalone",
                                **common.submodel_standalone(settings)})
@@ -63,9 +65,11 @@ def test_standalone_trains_each_depthfl_clients_path_to_its_deepest_exit():
     for arch, depth in pairs.items():
         mine = new_model(alone, arch, SHAPE, CLASSES)
         theirs = depth_model(run, depth, SHAPE, CLASSES)
-        shallower = sum(p.numel() for e in theirs.exits[:-1] for p in e.parameters())
-        assert (sum(p.numel() for p in mine.parameters())
-                == sum(p.numel() for p in theirs.parameters()) - shallower)
+        # The stem, the stages and the deepest exit: the shallower exits are left out.
+        deepest = f"exits.{len(theirs.exits) - 1}."
+        path = {k: s for k, s in parameter_shapes(theirs).items()
+                if not k.startswith("exits.") or k.startswith(deepest)}
+        assert sorted(parameter_shapes(mine).values()) == sorted(path.values()), arch
 
 
 @pytest.mark.parametrize("family", [

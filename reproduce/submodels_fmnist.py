@@ -1,0 +1,133 @@
+"""The sub-model methods on Fashion-MNIST at CPU scale, each at its paper's mix of widths or
+depths, beside Standalone training exactly each client's model.
+
+HeteroFL (levels a1-b1-c1-d1-e1 on ``heterofl-conv``), FedRolex (the same levels, rolling
+windows), FjORD (five uniform tiers p_max 0.2..1 on ``heterofl-conv``) and DepthFL (depths
+1, 2, 3, 4 in blocks on the 4-block CNN with an exit per block), each at its defaults (its paper's mix and its authors'
+recipe: docs/recipes.md), on 10 clients of at most 300 Fashion-MNIST training samples, 20
+rounds, every client every round, IID and Dirichlet 0.3. Beside each, at the same seeds (the
+same partitions): Standalone training, on each client, the very model that client of the method
+trains (common.submodel_standalone), once with Standalone's recipe and once with the method's,
+which tells what the recipe does from what the method does. Reports each row's local-test
+accuracy (the project's metric, a client's own model on its own test split), its global-test
+accuracy, and the method's global model on the server (its paper's metric: HeteroFL's and
+FedRolex's full-width model, FjORD's at each width, DepthFL's ensemble of exits); writes each
+method's table into its page (docs/<method>.md, between its generated markers).
+
+    .venv/bin/python reproduce/submodels_fmnist.py                     # 3 seeds, every method
+    .venv/bin/python reproduce/submodels_fmnist.py --methods heterofl  # one page
+    .venv/bin/python reproduce/submodels_fmnist.py --table-only        # runs nothing
+    .venv/bin/python reproduce/submodels_fmnist.py --quick             # a pipeline check
+
+``--quick`` (one seed, IID only, 2 rounds, 60-sample shards) writes its pages to the output folder, never
+into docs/. Finished runs are reused (results/reproduce-submodels/, else their records), so an
+interrupted reproduction resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import common
+from common import (DEFAULT_SEEDS, ROOT, VERDICT_RULE, add_resource_options, claim_line,
+                    comparison_table, finished, global_accuracy, mean_client_accuracy,
+                    quick_folder, resource_overrides, run_experiment, run_parallel,
+                    seeds_option, write_generated)
+
+SCRIPT = "reproduce/submodels_fmnist.py"
+BASE = {"dataset": "fmnist", "num-clients": 10, "max-samples-per-client": 300,
+        "num-server-rounds": 20, "eval-every": 5, "eval-global-test": True,
+        "global-test-samples": 1000}
+SPLITS = [("IID", {"partition": "iid"}),
+          ("Dirichlet 0.3", {"partition": "dirichlet", "dirichlet-alpha": 0.3})]
+# method -> (its name in the tables, the server model its paper reports, what its runs set
+# beyond BASE: DepthFL on the 4-block CNN with an exit per block, the spec's other model for
+# Fashion-MNIST beside a quarter-width ResNet-18: the layout of the width methods' global
+# model, heterofl-conv, so that the four pages train one family of models)
+METHODS = {"heterofl": ("HeteroFL", "global", {}), "fedrolex": ("FedRolex", "global", {}),
+           "fjord": ("FjORD", "width-1", {}),
+           "depthfl": ("DepthFL", "ensemble", {"depthfl.model": "cnn4"})}
+QUICK = {"num-server-rounds": 2, "max-samples-per-client": 60, "global-test-samples": 100,
+         "eval-every": 1}
+
+
+def rows(method: str, split: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The method at its defaults, and the Standalone of its clients' models at Standalone's
+    recipe and at the method's (this setting's values of docs/recipes.md's keys)."""
+    label, _, settings = METHODS[method]
+    own = {**BASE, **split, "method": method, **settings}
+    alone = {**BASE, **split, "method": "standalone", **common.submodel_standalone(own)}
+    out = {label: own, "Standalone (same models)": alone}
+    if common.recipe_of(method) is not None:
+        out[f"Standalone (same models, {label}'s recipe)"] = {
+            **alone, **dict(common.training(method)), "feature-dim": 0}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
+    parser.add_argument("--quick", action="store_true",
+                        help="one seed, 2 rounds, small shards; pages go to --out only")
+    parser.add_argument("--table-only", action="store_true",
+                        help="run nothing: write the tables from the runs that exist, leaving "
+                        "out (and naming) a row that misses a seed")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "reproduce-submodels")
+    add_resource_options(parser)
+    args = parser.parse_args()
+
+    resources, seeds, out = resource_overrides(args), args.seeds, args.out.resolve()
+    extra, docs, splits = {}, ROOT / "docs", SPLITS
+    if args.quick:
+        extra, seeds, out = QUICK, seeds[:1], quick_folder(out)
+        docs, splits = out, SPLITS[:1]
+
+    def experiments(method: str, label: str, settings: dict, split: str):
+        name = common.slug(f"{method}-{split.split()[0]}-{label}")
+        return [(None, {**settings, "seed": seed, **extra, **resources}, f"{name}-seed{seed}")
+                for seed in seeds]
+
+    plan = {m: {split: rows(m, s) for split, s in splits} for m in args.methods}
+    if not args.table_only:
+        run_parallel([e for m, by_split in plan.items() for split, table in by_split.items()
+                      for label, settings in table.items()
+                      for e in experiments(m, label, settings, split)], out, args.jobs)
+
+    command = f".venv/bin/python {SCRIPT}" + (" --quick" if args.quick else "") + (
+        seeds_option(args.seeds))
+    for method, by_split in plan.items():
+        name, headline, _ = METHODS[method]
+        tables, missing = [], []
+        for split, table in by_split.items():
+            results = {}
+            for label, settings in table.items():
+                todo = experiments(method, label, settings, split)
+                if args.table_only and any(finished(out, n) is None for _, _, n in todo):
+                    missing.append(f"{label} under {split}")
+                    continue
+                results[label] = [run_experiment(*e, out) for e in todo]
+            if name not in results:
+                continue
+            alone = [label for label in results if label.startswith("Standalone")]
+            # The paper reads the server's model on the global test set, the clients' against
+            # their own models on the same test set.
+            server = [claim_line(f"{name}'s global model ({headline}, its paper's metric)",
+                                 f"{label} on the global test set", results[name],
+                                 results[label], lambda s: s["accuracy"]["server"][headline],
+                                 global_accuracy) for label in alone]
+            tables.append(comparison_table(
+                f"{name}, {split}", results, seeds, [(name, label) for label in alone],
+                metric=mean_client_accuracy, extra_claims=server))
+        write_generated(docs / f"{method}.md", SCRIPT, "\n\n".join([
+            f"Produced by `{command}` (the claims on the clients read local-test accuracy).",
+            VERDICT_RULE, *tables,
+            *([f"Not run yet at every seed, so not in the tables: {', '.join(missing)}."]
+              if missing else [])]))
+        print(f"[reproduce] wrote {docs / f'{method}.md'}")
+
+
+if __name__ == "__main__":
+    main()
