@@ -285,6 +285,20 @@ def add_resource_options(parser: argparse.ArgumentParser) -> None:
                         help="each virtual client's share of a GPU (default 0: on the CPU)")
 
 
+def add_page_options(parser: argparse.ArgumentParser, out: Path) -> None:
+    """The options of a script that writes a page's tables from its runs: ``--seeds``,
+    ``--quick`` (a pipeline check whose pages go to ``--out`` only), ``--table-only``, ``--out``
+    (default ``out``) and the resource options."""
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
+    parser.add_argument("--quick", action="store_true",
+                        help="one seed, 2 rounds, small shards; tables go to --out only")
+    parser.add_argument("--table-only", action="store_true",
+                        help="run nothing: write the tables from the runs that exist, leaving "
+                        "out (and naming) a row that misses a seed")
+    parser.add_argument("--out", type=Path, default=out)
+    add_resource_options(parser)
+
+
 def resource_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {"client-num-gpus": args.client_num_gpus} if args.client_num_gpus > 0 else {}
 

@@ -24,10 +24,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from common import (slug, DEFAULT_SEEDS, ROOT, VERDICT_RULE, add_resource_options, claim_line,
-                    comparison_table, finished, global_accuracy, plot_panels, quick_folder,
-                    resource_overrides, run_experiment, run_parallel, write_generated,
-                    seeds_option)
+from common import (ROOT, VERDICT_RULE, add_page_options, claim_line, comparison_table,
+                    finished, global_accuracy, plot_panels, quick_folder, resource_overrides,
+                    run_experiment, run_parallel, seeds_option, slug, write_generated)
 
 PRESET = "felo-fmnist"
 SCRIPT = "reproduce/felo_fmnist.py"
@@ -69,17 +68,10 @@ QUICK = {"num-server-rounds": 2, "max-samples-per-client": 100, "global-test-sam
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
+    add_page_options(parser, ROOT / "results" / "reproduce-felo")
     parser.add_argument("--rounds", type=int, default=None,
                         help="override num-server-rounds (default: the preset's 50)")
-    parser.add_argument("--quick", action="store_true",
-                        help="one seed, 2 rounds, small shards; tables go to --out only")
-    parser.add_argument("--table-only", action="store_true",
-                        help="run nothing: write the tables from the runs that exist, leaving "
-                        "out (and naming) a row that misses a seed")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "reproduce-felo")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "felo.md")
-    add_resource_options(parser)
     args = parser.parse_args()
 
     extra = {} if args.rounds is None else {"num-server-rounds": args.rounds}

@@ -2,39 +2,38 @@
 depths, beside Standalone training exactly each client's model.
 
 HeteroFL (levels a1-b1-c1-d1-e1 on ``heterofl-conv``), FedRolex (the same levels, rolling
-windows), FjORD (five uniform tiers p_max 0.2..1 on ``heterofl-conv``) and DepthFL (depths
-1, 2, 3, 4 in blocks on the 4-block CNN with an exit per block), each at its defaults (its paper's mix and its authors'
-recipe: docs/recipes.md), on 10 clients of at most 300 Fashion-MNIST training samples, 20
-rounds, every client every round, IID and Dirichlet 0.3. Beside each, at the same seeds (the
-same partitions): Standalone training, on each client, the very model that client of the method
-trains (common.submodel_standalone), once with Standalone's recipe and once with the method's,
-which tells what the recipe does from what the method does. Reports each row's local-test
-accuracy (the project's metric, a client's own model on its own test split), its global-test
-accuracy, and the method's global model on the server (its paper's metric: HeteroFL's and
-FedRolex's full-width model, FjORD's at each width, DepthFL's ensemble of exits); writes each
-method's table into its page (docs/<method>.md, between its generated markers).
+windows), FjORD (five uniform tiers p_max 0.2..1 on ``heterofl-conv``) and DepthFL (depths 1, 2,
+3, 4 in blocks on the 4-block CNN with an exit per block), each at its defaults (its paper's mix
+and its authors' recipe: docs/recipes.md), on 10 clients of at most 300 Fashion-MNIST training
+samples, 20 rounds, every client every round, IID and Dirichlet 0.3. Beside each, at the same
+seeds (the same partitions): Standalone training, on each client, the very model that client of
+the method trains (common.submodel_standalone), once with Standalone's recipe and once with the
+method's, which tells what the recipe does from what the method does. Reports each row's
+local-test accuracy (the project's metric, a client's own model on its own test split), its
+global-test accuracy, and the method's global model on the server (its paper's metric:
+HeteroFL's and FedRolex's full-width model, FjORD's at each width, DepthFL's ensemble of exits);
+writes each method's table into its page (docs/<method>.md, between its generated markers).
 
     .venv/bin/python reproduce/submodels_fmnist.py                     # 3 seeds, every method
     .venv/bin/python reproduce/submodels_fmnist.py --methods heterofl  # one page
     .venv/bin/python reproduce/submodels_fmnist.py --table-only        # runs nothing
     .venv/bin/python reproduce/submodels_fmnist.py --quick             # a pipeline check
 
-``--quick`` (one seed, IID only, 2 rounds, 60-sample shards) writes its pages to the output folder, never
-into docs/. Finished runs are reused (results/reproduce-submodels/, else their records), so an
-interrupted reproduction resumes.
+``--quick`` (one seed, IID only, 2 rounds, 60-sample shards) writes its pages to the output
+folder, never into docs/. Finished runs are reused (results/reproduce-submodels/, else their
+records), so an interrupted reproduction resumes.
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 import common
-from common import (DEFAULT_SEEDS, ROOT, VERDICT_RULE, add_resource_options, claim_line,
-                    comparison_table, finished, global_accuracy, mean_client_accuracy,
-                    quick_folder, resource_overrides, run_experiment, run_parallel,
-                    seeds_option, write_generated)
+from common import (ROOT, VERDICT_RULE, add_page_options, claim_line, comparison_table,
+                    finished, global_accuracy, mean_client_accuracy, quick_folder,
+                    resource_overrides, run_experiment, run_parallel, seeds_option,
+                    write_generated)
 
 SCRIPT = "reproduce/submodels_fmnist.py"
 BASE = {"dataset": "fmnist", "num-clients": 10, "max-samples-per-client": 300,
@@ -69,14 +68,7 @@ def rows(method: str, split: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS))
-    parser.add_argument("--quick", action="store_true",
-                        help="one seed, 2 rounds, small shards; pages go to --out only")
-    parser.add_argument("--table-only", action="store_true",
-                        help="run nothing: write the tables from the runs that exist, leaving "
-                        "out (and naming) a row that misses a seed")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "reproduce-submodels")
-    add_resource_options(parser)
+    add_page_options(parser, ROOT / "results" / "reproduce-submodels")
     args = parser.parse_args()
 
     resources, seeds, out = resource_overrides(args), args.seeds, args.out.resolve()
