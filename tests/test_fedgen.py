@@ -209,3 +209,24 @@ def test_the_first_global_head_is_client_0s_initial_head_under_every_model_init(
     head = fed.client(0).model.head.state_dict()
     for k, v in fed.strategy.global_head.items():
         np.testing.assert_array_equal(v, head[k.split(".", 1)[1]].numpy())
+
+
+def test_rounds_record_the_client_terms_and_the_generators_loss(tmp_path):
+    """What finds a collapse (docs/fedgen.md): per round, how well the heads fit G's features,
+    the share of the loss that term is, both feature norms, and G's own loss on the server."""
+    fed, recorder = _federation(tmp_path)
+    for rnd in (1, 2, 3):
+        fed.fit_round(rnd)
+        fed.evaluate_round(rnd)
+    first, *later = recorder.history
+    assert "train_terms" not in first  # no G in round 1: plain cross-entropy
+    s = FedGenSettings()
+    for rnd, record in enumerate(later, start=2):
+        terms = record["train_terms"]
+        assert 0 < terms["generated-share"] < 1
+        assert terms["feature-norm-real"] > 0 and terms["feature-norm-generated"] > 0
+        # The loss the clients minimised is the two terms, the generated one at alpha_t.
+        alpha = s.client_term_weight(rnd)
+        assert record["train_loss"] == pytest.approx(
+            terms["ce-real"] + alpha * terms["ce-generated"], rel=0.05)
+    assert all(math.isfinite(r["server_terms"]["generator-ce"]) for r in recorder.history)

@@ -266,6 +266,7 @@ class FedClient(NumPyClient):
         self.arch = setup.architectures(cfg)[self.partition_id]
         # The optimizers this message uses whose state lives on (optimizer-state = "keep").
         self._kept_optimizers: dict[str, torch.optim.Optimizer] = {}
+        self.reset_terms()
 
     # Data and model are loaded on first use, so that answering the server's "who are you?"
     # (get_properties) costs nothing.
@@ -421,9 +422,25 @@ class FedClient(NumPyClient):
         """What goes to the server after local training (default: nothing)."""
         return {}
 
+    def reset_terms(self) -> None:
+        """Start the round's sums of :meth:`record_terms` (done before each ``receive``)."""
+        self._terms: dict[str, Any] = {}
+        self._term_batches = 0
+
+    def record_terms(self, terms: Mapping[str, torch.Tensor | float]) -> None:
+        """Add one batch's loss terms (or any per-batch diagnostic) to the round's sums: the
+        training reply carries each one's mean over the round's batches as ``term-<name>``,
+        which the server writes per round (``train_terms`` in rounds.jsonl)."""
+        for key, value in terms.items():
+            value = value.detach() if isinstance(value, torch.Tensor) else value
+            self._terms[key] = self._terms.get(key, 0.0) + value
+        self._term_batches += 1
+
     def fit_metrics(self) -> dict[str, Any]:
-        """Metrics a method adds to the training reply (default: none)."""
-        return {}
+        """Metrics a method adds to the training reply (default: the means of the terms it
+        recorded this round, :meth:`record_terms`)."""
+        return {f"term-{key}": float(total) / max(self._term_batches, 1)
+                for key, total in self._terms.items()}
 
     def secure_weight(self) -> float:
         """With ``secure-aggregation``: this upload's weight in the server's average, over a
@@ -539,6 +556,7 @@ class FedClient(NumPyClient):
                                           server_round), self.device):
                 self.message = config  # what a method's visit depends on (CompFL's relays)
                 received = self.read_payload(parameters, config)
+                self.reset_terms()
                 self.receive(received, server_round)
                 on_gpu = self.device.type == "cuda"
                 # This message's own peak, not an earlier client's in this actor; it includes

@@ -736,6 +736,11 @@ class FedStrategy(Strategy):
         return not server_round % self.cfg.eval_every \
             or server_round == self.cfg.num_server_rounds
 
+    def server_terms(self) -> dict[str, float]:
+        """Diagnostics of the server's own training this round (its losses), written per round
+        as ``server_terms`` in rounds.jsonl; default none."""
+        return {}
+
     def server_accuracy(self) -> dict[str, float]:
         """{name: accuracy} of the server's own models (:meth:`server_predict`) on the global
         test set (``global-test-samples`` of it, loaded once per process), in batches of
@@ -845,6 +850,7 @@ class FedStrategy(Strategy):
                   if self._filtered_uploads else {}),
                "train_loss": self._train_loss,
                **({"train_terms": self._train_terms} if self._train_terms else {}),
+               **({"server_terms": terms} if (terms := self.server_terms()) else {}),
                **self._devices,
                # What the round would take if clients were as fast as fedapp.runtime.speeds
                # says: the barrier waits for the slowest client sampled.

@@ -34,7 +34,7 @@ TAGS = {
     "global_accuracy_mean": "accuracy/global_mean", "global_accuracy_std": "accuracy/global_std",
     "variants": "accuracy/variant",
     "server_accuracy": "server_accuracy",  # {name: accuracy}: server_accuracy/<name>
-    "train_loss": "loss/train", "train_terms": "loss/term",
+    "train_loss": "loss/train", "train_terms": "loss/term", "server_terms": "loss/server",
     "bytes_up": "traffic/bytes_up", "bytes_down": "traffic/bytes_down",
     "framing_up": "traffic/framing_up", "framing_down": "traffic/framing_down",
     "eval_bytes_down": "traffic/eval_bytes_down",

@@ -116,7 +116,7 @@ class FedClassAvgClient(LgFedAvgClient):
         # The global classifier w_C, fixed for the round, for the proximal term.
         self.global_classifier = [p.detach().clone() for p in self.model.head.parameters()]
         self._batch = 0
-        self._terms: dict[str, Tensor] = {}  # sums over the round's batches, on the device
+        self.reset_terms()  # the warm-up's batches are not the round's
 
     def _has_trained(self) -> bool:
         return VERSION_KEY in self.context.state  # saved after every fit
@@ -177,15 +177,7 @@ class FedClassAvgClient(LgFedAvgClient):
                     if grads:
                         record[f"{name}-grad-{part}"] = torch.linalg.vector_norm(
                             torch.cat([g.flatten() for g in grads]))
-        for key, value in record.items():
-            self._terms[key] = self._terms.get(key, 0.0) + value
-        self._terms["batches"] = self._terms.get("batches", 0) + 1
-
-    def fit_metrics(self) -> dict:
-        """Each term's mean over the round's batches (``term-<name>``, see :meth:`_record_terms`)."""
-        terms = dict(getattr(self, "_terms", {}))
-        batches = terms.pop("batches", 0)
-        return {f"term-{key}": float(total) / batches for key, total in terms.items()}
+        self.record_terms(record)
 
     @torch.no_grad()
     def evaluation_variants(self, x: Tensor, y: Tensor) -> dict[str, float]:

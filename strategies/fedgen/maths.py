@@ -203,8 +203,17 @@ class FedGenClient(FedClient):
             with torch.no_grad():  # G is fixed: only the head learns from this term
                 generated = self.generator(labels, sample_noise(batch, s.noise_dim, s.noise,
                                                                 rng, self.device))
-            return (F.cross_entropy(self.model(x), y)
-                    + alpha * F.cross_entropy(self.model.head(generated), labels))
+            features = self.model.features(x)
+            real = F.cross_entropy(self.model.head(features), y)
+            synthetic = F.cross_entropy(self.model.head(generated), labels)
+            # Per round in rounds.jsonl (train_terms): how well the head fits G's features,
+            # how much of the loss that term is at alpha_t, and whether G's features live
+            # where the extractor's do.
+            self.record_terms({"ce-real": real, "ce-generated": synthetic,
+                               "generated-share": alpha * synthetic / (real + alpha * synthetic),
+                               "feature-norm-real": features.norm(dim=1).mean(),
+                               "feature-norm-generated": generated.norm(dim=1).mean()})
+            return real + alpha * synthetic
 
         return train_recipe(self.model, self.data.train_x, self.data.train_y, loss_fn=loss,
                             optimizer=self.optimizer(), cfg=self.cfg,
@@ -301,6 +310,12 @@ class FedGen(FedStrategy):
         # G goes down once the label pool is known: from the first aggregation on, or at once.
         self.generator_sent = bool(self.label_counts)
         self.last_generator_ce: float | None = None
+
+    def server_terms(self) -> dict[str, float]:
+        """The ensemble's cross-entropy on G's features at the last step of this round's
+        training: how well G has learnt to produce what the heads call each label."""
+        return {} if self.last_generator_ce is None else {
+            "generator-ce": self.last_generator_ce}
 
     def _pool(self, partitions) -> np.ndarray:
         pool = np.zeros(self.num_classes, np.int64)

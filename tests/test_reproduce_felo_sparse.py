@@ -1,0 +1,44 @@
+"""reproduce/felo_sparse.py: its default rows are docs/defaults.md's runs (same names, same
+settings), so the two scripts share them, and each other row changes exactly one thing."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reproduce"))
+import defaults  # noqa: E402
+import felo_sparse  # noqa: E402
+
+
+def defaults_runs() -> dict[str, dict]:
+    """docs/defaults.md's sparse runs of Felo, Velo and Standalone: name -> settings."""
+    rows = defaults.table_rows(["felo", "velo"])
+    plan = defaults.planned(rows, defaults.needed(rows, ["felo", "velo"]),
+                            [felo_sparse.COLUMN], [0])
+    return {name: {**defaults.DEFAULTS_SETTINGS[column](), "method": row.method, **row.changed}
+            for column, row, name in plan}
+
+
+def test_the_default_rows_are_docs_defaults_runs():
+    shared = defaults_runs()
+    rows = felo_sparse.plan({})
+    default = next(iter(felo_sparse.CHANGES))
+    for who in ("felo", "velo", "standalone"):
+        settings, name = rows[who, default]
+        assert shared[name] == settings, who
+
+
+def test_every_other_row_changes_one_thing():
+    rows = felo_sparse.plan({})
+    default = next(iter(felo_sparse.CHANGES))
+    for (who, change), (settings, _) in rows.items():
+        if change == default:
+            continue
+        base = rows[who, default][0]
+        differ = {k for k in {*settings, *base} if settings.get(k) != base.get(k)}
+        assert len(differ) == 1, (who, change, differ)
+    # a change to the recipe is made to Standalone too; group averaging is Felo's alone
+    assert ("standalone", 'optimizer-state = "fresh" (a new Adam every visit)') in rows
+    assert ("standalone", "group-avg = false") not in rows
+    assert rows["velo", "group-avg = false"][0]["velo.group-avg"] is False
