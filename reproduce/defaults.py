@@ -86,7 +86,10 @@ VERDICTS = {"fails": "Below Standalone at its own recipe (**fails**): ",
 BASELINES = ["standalone", "lg-fedavg", "fedproto", "fedavg"]
 # Settings tried where a method's defaults lose to local training here, to tell the cause
 # (docs/defaults.md explains each): method -> the changed settings of each try.
-TRIED = {"fedre": [{"fedre.server-batch-size": 1}, {"batch-size": 10}]}
+TRIED = {"fedre": [{"fedre.server-batch-size": 1}, {"batch-size": 10}],
+         # Felo's and Velo's group averaging off (the released code's servers): what costs
+         # them most under sparse participation (reproduce/felo_sparse.py, docs/felo.md).
+         "felo": [{"felo.group-avg": False}], "velo": [{"velo.group-avg": False}]}
 PAGES = {"docs/htfl-methods-1.md": ["fd", "fedre", "fedtgp"], "docs/fedgen.md": ["fedgen"],
          "docs/fedl2g.md": ["fedl2g"], "docs/shared-model-methods.md": ["fml", "fedmrl", "fedkd"]}
 

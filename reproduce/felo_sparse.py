@@ -63,11 +63,12 @@ def method_settings(method: str, changed: dict[str, Any]) -> dict[str, Any]:
     return {f"{method}.{k}" if k == "group-avg" else k: v for k, v in changed.items()}
 
 
-def run_name(who: str, change: str) -> str:
-    """docs/defaults.md's name for a default row (so the runs are shared: ``who`` is the
-    method, or ``standalone felo recipe``), the change's key after it otherwise."""
-    return slug(f"{COLUMN} {who}") + (f"-{slug(change.split(' (')[0])}"
-                                      if CHANGES[change][0] else "")
+def run_name(who: str, changed: dict[str, Any]) -> str:
+    """docs/defaults.md's name for its runs (``who`` is the method, or ``standalone felo
+    recipe``): the column and ``who``, then the changed settings as its tried rows
+    (defaults.TRIED) name them, so that the runs both scripts make are made once."""
+    what = ", ".join(f"{k} = {toml_value(v)}" for k, v in changed.items())
+    return slug(f"{COLUMN} {who}") + (f"-{slug(what)}" if what else "")
 
 
 def plan(resources: dict[str, Any]) -> dict[tuple[str, str], tuple[dict[str, Any], str]]:
@@ -78,12 +79,11 @@ def plan(resources: dict[str, Any]) -> dict[tuple[str, str], tuple[dict[str, Any
     rows: dict[tuple[str, str], tuple[dict[str, Any], str]] = {}
     for change, (changed, in_recipe) in CHANGES.items():
         for method in ("felo", "velo") if change in VELO_CHANGES else ("felo",):
-            rows[method, change] = ({**base, "method": method,
-                                     **method_settings(method, changed)},
-                                    run_name(method, change))
+            mine = method_settings(method, changed)
+            rows[method, change] = ({**base, "method": method, **mine}, run_name(method, mine))
         if in_recipe or not changed:
             rows["standalone", change] = ({**base, "method": "standalone", **recipe, **changed},
-                                          run_name("standalone felo recipe", change))
+                                          run_name("standalone felo recipe", changed))
     return rows
 
 

@@ -1,5 +1,6 @@
-"""reproduce/felo_sparse.py: its default rows are docs/defaults.md's runs (same names, same
-settings), so the two scripts share them, and each other row changes exactly one thing."""
+"""reproduce/felo_sparse.py: its default rows and its rows without group averaging are
+docs/defaults.md's runs (same names, same settings), so the two scripts share them, and each
+other row changes exactly one thing."""
 
 from __future__ import annotations
 
@@ -20,12 +21,15 @@ def defaults_runs() -> dict[str, dict]:
             for column, row, name in plan}
 
 
-def test_the_default_rows_are_docs_defaults_runs():
+def test_the_default_and_group_averaging_rows_are_docs_defaults_runs():
     shared = defaults_runs()
     rows = felo_sparse.plan({})
     default = next(iter(felo_sparse.CHANGES))
     for who in ("felo", "velo", "standalone"):
         settings, name = rows[who, default]
+        assert shared[name] == settings, who
+    for who in ("felo", "velo"):  # defaults.TRIED's rows
+        settings, name = rows[who, "group-avg = false"]
         assert shared[name] == settings, who
 
 
