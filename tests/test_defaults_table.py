@@ -104,7 +104,10 @@ def runs_of(accuracies):
 def test_a_row_gives_both_differences_and_its_verdict_against_its_own_recipe():
     rows = defaults.table_rows(["felo"])
     by_key = {row.key: row for row in rows}
-    assert list(by_key) == ["standalone", "standalone-felo-recipe", "felo"]
+    # Felo's tried row, the paper's group averaging, trains with Felo's recipe too.
+    assert list(by_key) == ["standalone", "standalone-felo-recipe", "felo", "felo-tried-0"]
+    assert by_key["felo-tried-0"].own == "standalone-felo-recipe"
+    assert by_key["felo-tried-0"].label == "felo with felo.group-avg = true"
     made = {("standalone", "A"): runs_of([0.60, 0.62, 0.58]),
             ("standalone-felo-recipe", "A"): runs_of([0.90, 0.90, 0.90]),
             ("felo", "A"): runs_of([0.70, 0.72, 0.68]),

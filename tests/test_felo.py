@@ -68,7 +68,7 @@ def test_extra_traffic_is_below_005_percent_of_fedavg_only_for_big_models():
         d = strategy.feature_dim
         tables = {FEATURES: np.zeros((C, d), np.float32), LOGITS: np.zeros((C, C), np.float32),
                   LABELS: np.arange(C, dtype=np.int32)}
-        model = wire_size(encode(strategy.group_models["resnet18"])).data
+        model = wire_size(encode(state_arrays(strategy.new_model("resnet18")))).data
         assert wire_size(encode(tables)).data == C * (d + C + 1) * 4
         return wire_size(encode(tables)).data / model
 
@@ -124,7 +124,7 @@ def test_warm_up_sends_no_tables_and_trains_with_cross_entropy():
 
 def test_group_averaging_touches_only_same_architecture_clients():
     fed = InProcessFederation("felo", **{**SMALL, "num_clients": 4, "arch_mix": "cnn5,cnn4"},
-                              **full_pass("felo"))       # partitions 0, 2: cnn5; 1, 3: cnn4
+                              **full_pass("felo", **{"group-avg": True}))  # 0, 2: cnn5; 1, 3: cnn4
     uploads = {pid: (decode(res.parameters), res.num_examples)
                for pid, (_, res) in fed.fit_round(1).items()}
     for arch, members in [("cnn5", (0, 2)), ("cnn4", (1, 3))]:
@@ -145,7 +145,7 @@ def test_group_averaging_touches_only_same_architecture_clients():
 
 def test_a_group_without_participants_keeps_its_model():
     fed = InProcessFederation("felo", **{**SMALL, "num_clients": 4, "arch_mix": "cnn5,cnn4"},
-                              fraction_fit=0.25)
+                              fraction_fit=0.25, **{"felo.group-avg": True})
     before = {a: {k: v.copy() for k, v in m.items()}
               for a, m in fed.strategy.group_models.items()}
     sent = fed.fit_round(1)
@@ -230,7 +230,8 @@ def wrong_architecture(p):
     (lambda p: {k: v for k, v in p.items() if k != "head.bias"}, "missing ['head.bias']"),
 ])
 def test_a_bad_upload_is_rejected_and_the_round_goes_on(bad, reason, caplog):
-    fed = InProcessFederation("felo", **SMALL, **full_pass("felo"))
+    # With group averaging, so that the upload carries the client's model too.
+    fed = InProcessFederation("felo", **SMALL, **full_pass("felo", **{"group-avg": True}))
     fed.assert_rejects(bad, reason, caplog, pid=0)
     sent = fed.fit_round(2)      # the next round's tables come from the two good uploads
     assert all(len(payload[LABELS]) == C for payload, _ in sent.values())
@@ -286,7 +287,8 @@ def test_velo_sends_decoded_features_seeded_and_retrains_on_its_interval():
 
 
 def test_group_evaluation_sends_the_group_model_and_needs_group_averaging():
-    fed = InProcessFederation("felo", **SMALL, **full_pass("felo", **{"eval-model": "group"}))
+    fed = InProcessFederation("felo", **SMALL, **full_pass("felo", **{"eval-model": "group",
+                                                                      "group-avg": True}))
     fed.fit_round(1)
     metrics = fed.evaluate_round(1)
     assert all(0 <= m["accuracy"] <= 1 for m in metrics.values())
@@ -296,3 +298,13 @@ def test_group_evaluation_sends_the_group_model_and_needs_group_averaging():
         load_config({"method": "felo", "felo.eval-model": "group", "felo.group-avg": False})
     with pytest.raises(ConfigError, match="velo.retrain-every"):
         load_config({"method": "velo", "velo.retrain-every": 0})
+
+
+def test_group_averaging_is_off_by_default_and_on_in_the_papers_preset():
+    """The default by measurement (docs/felo.md, "Under sparse participation"); the paper's
+    setting, conf/felo-fmnist.toml, keeps it for both methods."""
+    from fedapp.cli.run import resolve_settings
+    for method in ("felo", "velo"):
+        assert load_config({"method": method}).settings.group_avg is False
+        paper = resolve_settings("felo-fmnist", [f'method="{method}"'])[0]
+        assert paper[f"{method}.group-avg"] is True

@@ -38,17 +38,17 @@ def test_each_method_is_read_against_a_standalone_trained_with_its_recipe():
     assert "lr-decay" in dict(scoreboard.training("felo"))
 
 
-def test_a_diagnostic_row_changes_one_setting_of_its_method_in_its_column_only():
-    felo = scoreboard.overrides("dir0.3-p30", "felo", "rounds", "no-group-avg")
-    assert felo["felo.group-avg"] is False and "velo.group-avg" not in felo
+def test_a_diagnostic_row_changes_one_setting_of_its_method_in_its_columns_only():
+    felo = scoreboard.overrides("dir0.3-p30", "felo", "rounds", "group-avg")
+    assert felo["felo.group-avg"] is True and "velo.group-avg" not in felo
     assert felo == {**scoreboard.overrides("dir0.3-p30", "felo", "rounds", ""),
-                    "felo.group-avg": False}
-    assert scoreboard.overrides("dir0.3-p30", "velo", "rounds", "no-group-avg")[
-        "velo.group-avg"] is False
-    assert (scoreboard.run_name("dir0.3-p30", "felo", "rounds", "no-group-avg")
-            == "dir0.3-p30-felo-no-group-avg")
-    assert scoreboard.label("felo", "rounds", "no-group-avg") == "felo (group-avg = false)"
-    assert scoreboard.DIAGNOSTICS["no-group-avg"][2] == ("dir0.3-p30",)
+                    "felo.group-avg": True}
+    assert scoreboard.overrides("iid", "velo", "rounds", "group-avg")["velo.group-avg"] is True
+    assert (scoreboard.run_name("dir0.3-p30", "felo", "rounds", "group-avg")
+            == "dir0.3-p30-felo-group-avg")
+    assert scoreboard.label("felo", "rounds", "group-avg") == (
+        "felo (group-avg = true, the paper's)")
+    assert scoreboard.DIAGNOSTICS["group-avg"][2] == tuple(scoreboard.SETTINGS)
 
 
 def test_the_difference_is_taken_seed_by_seed():

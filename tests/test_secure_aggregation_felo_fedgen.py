@@ -13,7 +13,9 @@ from fedapp.runtime import secure_aggregation
 from strategies import load_config
 from tests.test_secure_aggregation import _class_counts, flat_config, run, step
 
-FELO = {"method": "felo", "arch_mix": "cnn1,cnn2", "felo.history": "latest-round"}
+# With the paper's group averaging, whose group models are summed too.
+FELO = {"method": "felo", "arch_mix": "cnn1,cnn2", "felo.history": "latest-round",
+        "felo.group-avg": True}
 
 
 # -- Felo ----------------------------------------------------------------------------------------
