@@ -839,6 +839,10 @@ class FedStrategy(Strategy):
         # The server's own models, on the rounds its clients are evaluated (counted in
         # server_seconds: it is the strategy's work).
         server = self.server_accuracy() if self.evaluation_round(server_round) else {}
+        # The server's own losses; one that is not a finite number is left out, as a
+        # client's term-* metrics are (train_terms).
+        server_terms = {k: v for k, v in self.server_terms().items()
+                        if finite_number(v) is not None}
         who = {"clients_sampled": len(self._sampled), "failed_clients": self._failed,
                "rejected_clients": sorted(self._rejected), "evaluated": self._evaluated,
                "empty_round": self._empty,
@@ -850,7 +854,7 @@ class FedStrategy(Strategy):
                   if self._filtered_uploads else {}),
                "train_loss": self._train_loss,
                **({"train_terms": self._train_terms} if self._train_terms else {}),
-               **({"server_terms": terms} if (terms := self.server_terms()) else {}),
+               **({"server_terms": server_terms} if server_terms else {}),
                **self._devices,
                # What the round would take if clients were as fast as fedapp.runtime.speeds
                # says: the barrier waits for the slowest client sampled.
