@@ -65,7 +65,8 @@ RECIPE = {"optimizer": "adam", "lr": 0.001, "weight-decay": 0.0, "grad-clip": 0.
           "local-steps": 10}
 
 METHOD = Method("per-class mean features and logits up, their per-class averages down; "
-                "CE + alpha * (feature MSE + logit KL); same-architecture models averaged",
+                "CE + alpha * (feature MSE + logit KL); with group-avg (the paper's), "
+                "same-architecture models averaged too",
                 strategy_class="Felo", client_class="FeloClient", shared_dim=True,
                 settings=FeloSettings, recipe=RECIPE,
                 payload_kinds=("group-model", "class-rows"),
