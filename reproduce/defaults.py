@@ -122,6 +122,12 @@ class Row:
 NO_PUBLIC_SET = ("digits",)
 
 
+def settings_text(changed: Mapping[str, Any]) -> str:
+    """``felo.group-avg = true, lr = 0.1``: a tried row's settings as its label says them (and,
+    slugged, as its runs are named)."""
+    return ", ".join(f"{k} = {toml_value(v)}" for k, v in changed.items())
+
+
 def submodel_ground(method: str) -> dict[str, Any]:
     """What makes Standalone train each client's model of the sub-model ``method`` at its
     defaults (common.submodel_standalone), the same in every column (checked)."""
@@ -209,7 +215,7 @@ def table_rows(every: Sequence[str]) -> list[Row]:
             methods.append(Row(method, method, method, {}, method, base="standalone",
                                own=own_row(method, {}, "standalone")))
         for i, changed in enumerate(TRIED.get(method, [])):
-            what = ", ".join(f"{k} = {toml_value(v)}" for k, v in changed.items())
+            what = settings_text(changed)
             methods.append(Row(f"{method}-tried-{i}", f"{method} with {what}", method, changed,
                                f"{method}-{slug(what)}", base="standalone",
                                own=own_row(method, changed, "standalone")))

@@ -45,6 +45,7 @@ from common import (DEFAULT_SEEDS, DEFAULTS_SETTINGS, ROOT, VERDICT_RULE,  # noq
                     recipes, resource_overrides, run_seeds, run_parallel, seeds_option, signed,
                     slug, verdict, write_generated)
 
+from defaults import settings_text  # noqa: E402
 from fedapp.config import toml_value  # noqa: E402
 
 SCRIPT = "reproduce/felo_sparse.py"
@@ -74,7 +75,7 @@ def run_name(who: str, changed: dict[str, Any]) -> str:
     """docs/defaults.md's name for its runs (``who`` is the method, or ``standalone felo
     recipe``): the column and ``who``, then the changed settings as its tried rows
     (defaults.TRIED) name them, so that the runs both scripts make are made once."""
-    what = ", ".join(f"{k} = {toml_value(v)}" for k, v in changed.items())
+    what = settings_text(changed)
     return slug(f"{COLUMN} {who}") + (f"-{slug(what)}" if what else "")
 
 
