@@ -12,6 +12,7 @@ projection to a common feature dimension.
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 
@@ -165,11 +166,15 @@ def _try_output_shape(
     """(output shape without batch dim, "") or (None, why torch refused) for one zero input."""
     # Eval mode so BatchNorm neither fails on a 1x1 map nor updates its running statistics
     # with the probe's zeros; the previous mode is restored afterwards.
+    # The probe goes where the body's weights are: a model already moved to a GPU (FedGKT's
+    # client measuring its stem's maps) would refuse a CPU input as "too small".
+    device = next(itertools.chain(body.parameters(), body.buffers()),
+                  torch.zeros(())).device
     was_training = body.training
     body.eval()
     try:
         with torch.no_grad():
-            out = body(torch.zeros(1, *input_shape))
+            out = body(torch.zeros(1, *input_shape, device=device))
     except (RuntimeError, ValueError) as error:
         return None, str(error).strip().splitlines()[0]
     finally:

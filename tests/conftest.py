@@ -185,9 +185,10 @@ def evaluate_on(fed, model, points, labels, payload, pid=0):
     import torch
     from fedapp.data.partitions import ClientData
     from fedapp.runtime import client_base
-    x = torch.as_tensor(np.asarray(points, np.float32)).reshape(-1, 1, 1, 2)
-    y = torch.as_tensor(labels, dtype=torch.int64)
     client = fed.client(pid)
+    x = torch.as_tensor(np.asarray(points, np.float32), device=client.device).reshape(-1, 1, 1, 2)
+    y = torch.as_tensor(labels, dtype=torch.int64, device=client.device)
+    model = model.to(client.device)
     client.__dict__.update(model=model, _version=0, global_test=None,
                            data=ClientData(x[:0], y[:0], x[:0], y[:0], x, y))
     try:

@@ -589,12 +589,12 @@ def test_a_label_flipping_client_trains_on_flipped_labels():
     fed = InProcessFederation("lg-fedavg", **SMALL, arch_mix="cnn5", attack="label-flip",
                               malicious_clients="2")
     honest = InProcessFederation("lg-fedavg", **SMALL, arch_mix="cnn5")
-    np.testing.assert_array_equal(fed.client(2).data.train_y.numpy(),
-                                  9 - honest.client(2).data.train_y.numpy())
-    np.testing.assert_array_equal(fed.client(2).data.test_y.numpy(),
-                                  honest.client(2).data.test_y.numpy())
-    np.testing.assert_array_equal(fed.client(1).data.train_y.numpy(),
-                                  honest.client(1).data.train_y.numpy())
+    np.testing.assert_array_equal(fed.client(2).data.train_y.cpu().numpy(),
+                                  9 - honest.client(2).data.train_y.cpu().numpy())
+    np.testing.assert_array_equal(fed.client(2).data.test_y.cpu().numpy(),
+                                  honest.client(2).data.test_y.cpu().numpy())
+    np.testing.assert_array_equal(fed.client(1).data.train_y.cpu().numpy(),
+                                  honest.client(1).data.train_y.cpu().numpy())
 
 
 # -- every method whose server distils from individual uploads: one poisoned upload dropped --

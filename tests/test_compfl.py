@@ -218,12 +218,12 @@ def test_private_heads_of_smaller_experts_live_in_the_context():
     saved = fed.contexts[1].state[key].to_torch_state_dict()
     restored = fed.client(1)._smaller_expert(SMALL).head.state_dict()
     for name, value in saved.items():
-        torch.testing.assert_close(restored[name], value)
+        torch.testing.assert_close(restored[name], value.to(restored[name].device))
     other = fed.contexts[3].state[key].to_torch_state_dict()["weight"]
     assert not torch.equal(other, saved["weight"])  # one private head per client
     del fed.contexts[3].state[key]
     fresh = fed.client(3)._smaller_expert(SMALL).head.weight  # from the seed at first use
-    assert not torch.equal(fresh, other)
+    assert not torch.equal(fresh, other.to(fresh.device))
 
 
 @pytest.mark.parametrize("bad,reason", [

@@ -120,9 +120,9 @@ def test_the_upload_is_the_plain_mean_of_the_training_time_logits():
     client.fit([], {"server-round": 1})
     sums, counts = client.logit_sums.sums, client.logit_sums.counts
     upload = client.upload()
-    seen = np.flatnonzero(counts.numpy())
+    seen = np.flatnonzero(counts.cpu().numpy())
     assert upload["labels"].tolist() == seen.tolist() == list(range(10))
-    np.testing.assert_allclose(upload["logits"], (sums[seen] / counts[seen, None]).numpy(),
+    np.testing.assert_allclose(upload["logits"], (sums[seen] / counts[seen, None]).cpu().numpy(),
                                rtol=1e-6)
     assert int(counts.sum()) == 150 // 10 * 10  # one epoch, batch 10, short batch dropped
 

@@ -36,6 +36,11 @@ def _client(pid=0, **overrides):
     return METHODS["fedclassavg"].client(ctx, cfg)
 
 
+def _own_head(client):
+    """The client's own head as the server would send it back (on the CPU, copied)."""
+    return {k: v.cpu().numpy().copy() for k, v in client.model.head_state().items()}
+
+
 # -- traffic and server ---------------------------------------------------------------------------
 
 def test_classifier_of_5130_floats_each_way_and_weighted_average(rng, tmp_path):
@@ -148,7 +153,7 @@ def _terms(client, x, y):
 def test_ablation_switches_turn_terms_off(contrastive, proximal):
     client = _client(**{"fedclassavg.contrastive": contrastive,
                         "fedclassavg.proximal": proximal, "fedclassavg.views": "none"})
-    head = {k: v.numpy().copy() for k, v in client.model.head_state().items()}
+    head = _own_head(client)
     client.receive(head, 1)
     with torch.no_grad():
         client.model.head.weight.add_(0.5)  # away from the global classifier: prox > 0
@@ -166,7 +171,7 @@ def test_cross_entropy_sees_the_raw_image_or_the_first_view(views):
     for ce_view in ("raw", "augmented"):
         client = _client(**{"fedclassavg.views": views, "fedclassavg.ce-view": ce_view,
                             "fedclassavg.proximal": False})
-        client.receive({k: v.numpy().copy() for k, v in client.model.head_state().items()}, 1)
+        client.receive(_own_head(client), 1)
         x, y = client.data.train_x[:16], client.data.train_y[:16]
         client.loss(x, y)
         with torch.no_grad():
@@ -192,7 +197,7 @@ def test_mild_views_never_flip():
 def _fit(diagnose):
     """One round of client 0 from the same start; its trained model and fit metrics."""
     client = _client(**{"fedclassavg.diagnose": diagnose})
-    head = to_ndarrays({k: v.numpy().copy() for k, v in client.model.head_state().items()})
+    head = to_ndarrays(_own_head(client))
     _, _, metrics = client.fit(head, {"server-round": 1})
     return client.model.state_dict(), metrics
 
@@ -218,21 +223,21 @@ def test_ncm_accuracy_is_the_nearest_normalised_class_mean():
     got = client.evaluation_variants(x, y)["ncm"]
     with torch.no_grad():  # the rule written out with numpy
         extractor = fca._pre_relu_extractor(client.model.extractor).eval()
-        f_train = F.normalize(extractor(client.data.train_x), dim=1).numpy()
-        f_test = F.normalize(extractor(x), dim=1).numpy()
-    train_y = client.data.train_y.numpy()
+        f_train = F.normalize(extractor(client.data.train_x), dim=1).cpu().numpy()
+        f_test = F.normalize(extractor(x), dim=1).cpu().numpy()
+    train_y = client.data.train_y.cpu().numpy()
     classes = np.unique(train_y)
     means = np.stack([f_train[train_y == c].mean(0) for c in classes])
     means /= np.linalg.norm(means, axis=1, keepdims=True)
     predicted = classes[np.argmax(f_test @ means.T, axis=1)]
-    assert got == pytest.approx(float(np.mean(predicted == y.numpy())))
+    assert got == pytest.approx(float(np.mean(predicted == y.cpu().numpy())))
     assert _client().evaluation_variants(x, y) == {}  # off by default
 
 
 def test_code_skips_the_proximal_term_on_each_epochs_first_batch():
     client = _client(**{"fedclassavg.contrastive": False, "fedclassavg.views": "none",
                         "fedclassavg.proximal-skip-first-batch": True, "batch-size": 20})
-    client.receive({k: v.numpy() for k, v in client.model.head_state().items()}, 1)
+    client.receive(_own_head(client), 1)
     with torch.no_grad():
         client.model.head.bias.add_(1.0)
     x, y = client.data.train_x[:20], client.data.train_y[:20]
@@ -259,10 +264,10 @@ def test_warm_up_trains_once_before_the_first_round(monkeypatch):
     client = _client(**{"fedclassavg.warmup": True})
     calls = []
     monkeypatch.setattr(fca, "train_recipe", lambda *a, **k: calls.append(k["epochs"]))
-    client.receive({k: v.numpy() for k, v in client.model.head_state().items()}, 1)
+    client.receive(_own_head(client), 1)
     assert calls == [1]
     client.save_state(1)  # as fit does; the client has trained from now on
-    client.receive({k: v.numpy() for k, v in client.model.head_state().items()}, 2)
+    client.receive(_own_head(client), 2)
     assert calls == [1]
 
 

@@ -116,9 +116,9 @@ def test_the_generator_term_trains_the_head_only_and_draws_absent_classes(tmp_pa
     assert set(np.flatnonzero(pool)) - own, "the pooled labels include classes it lacks"
     # Only the head gets a gradient from CE(h(G(y~)), y~).
     model = client.model
-    labels = torch.arange(C)
+    labels = torch.arange(C, device=client.device)
     with torch.no_grad():
-        generated = client.generator(labels, torch.randn(C, ND))
+        generated = client.generator(labels, torch.randn(C, ND, device=client.device))
     model.zero_grad()
     F.cross_entropy(model.head(generated), labels).backward()
     assert all(p.grad is None for p in model.extractor.parameters())
@@ -190,8 +190,9 @@ def test_label_pool_from_the_partition_sends_g_in_round_one_and_asks_for_nothing
         assert any(k.startswith("generator.") for k in sent)
         client = fed.client(pid)
         np.testing.assert_array_equal(fed.strategy.label_counts[pid], np.bincount(
-            client.data.train_y.numpy(), minlength=C))
-    expected = sum(np.bincount(fed.client(p).data.train_y.numpy(), minlength=C) for p in first)
+            client.data.train_y.cpu().numpy(), minlength=C))
+    expected = sum(np.bincount(fed.client(p).data.train_y.cpu().numpy(), minlength=C)
+                   for p in first)
     np.testing.assert_array_equal(sent["label-pool"], expected)
     client = fed.client(0)
     client.receive(sent, 1)
@@ -208,7 +209,7 @@ def test_the_first_global_head_is_client_0s_initial_head_under_every_model_init(
     fed, _ = _federation(tmp_path, model_init=init)
     head = fed.client(0).model.head.state_dict()
     for k, v in fed.strategy.global_head.items():
-        np.testing.assert_array_equal(v, head[k.split(".", 1)[1]].numpy())
+        np.testing.assert_array_equal(v, head[k.split(".", 1)[1]].cpu().numpy())
 
 
 def test_rounds_record_the_client_terms_and_the_generators_loss(tmp_path):

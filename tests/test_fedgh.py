@@ -50,7 +50,7 @@ def test_local_averaged_representations_are_exact_class_means_after_training():
     labels = sorted(set(data.train_y.tolist()))
     assert payload["labels"].tolist() == labels and payload["labels"].dtype == np.int32
     for row, c in zip(payload["representations"], labels):
-        np.testing.assert_allclose(row, z[data.train_y == c].mean(0).numpy(), rtol=1e-4,
+        np.testing.assert_allclose(row, z[data.train_y == c].mean(0).cpu().numpy(), rtol=1e-4,
                                    atol=1e-5)
 
 

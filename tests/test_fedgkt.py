@@ -66,7 +66,9 @@ def test_evaluation_reports_the_own_model_and_the_stem_with_the_server_model():
         x, y = client.data.test_x, client.data.test_y
         with torch.no_grad():
             own = (client.model.eval()(x).argmax(1) == y).float().mean().item()
-            paper = (server(stem(client.model)(x)).argmax(1) == y).float().mean().item()
+            # The server model lives on the server (the CPU here), the stem on the client.
+            maps = stem(client.model)(x).cpu()
+            paper = (server(maps).argmax(1) == y.cpu()).float().mean().item()
         assert m["accuracy"] == pytest.approx(own)
         assert m["accuracy-server-model"] == pytest.approx(paper)
 
@@ -111,7 +113,7 @@ def test_server_logits_meet_their_own_sample_through_shuffled_batches(monkeypatc
     x = client.data.train_x
     n = len(x)
     # Row i of the table is a fingerprint of sample i's pixels.
-    table = x.reshape(n, -1)[:, :C].numpy().copy()
+    table = x.reshape(n, -1)[:, :C].cpu().numpy().copy()
     client.receive({"logits": table}, 2)
     inputs, targets = [], []
     client.model.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))

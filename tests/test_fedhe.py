@@ -42,10 +42,10 @@ def test_cold_start_is_plain_cross_entropy_and_uploads_plus_one_averages():
     # The upload divides the per-class logit sums of the forward passes by count + 1.
     sums, counts = client.logit_sums.sums, client.logit_sums.counts
     upload = client.upload()
-    seen = np.flatnonzero(counts.numpy())
+    seen = np.flatnonzero(counts.cpu().numpy())
     assert upload["labels"].tolist() == seen.tolist()
     np.testing.assert_allclose(upload["logits"],
-                               (sums[seen] / (counts[seen, None] + 1)).numpy(), rtol=1e-5)
+                               (sums[seen] / (counts[seen, None] + 1)).cpu().numpy(), rtol=1e-5)
 
 
 def test_paper_update_is_three_mini_batches():

@@ -83,7 +83,7 @@ def test_uploaded_logits_are_the_models_pre_softmax_outputs_on_a_t_in_eval_mode(
     a1 = torch.from_numpy(alignment_set(fed.cfg.seed, 1, len(public), 16).astype(np.int64))
     model.eval()
     with torch.no_grad():
-        want = model(public.x[a1]).numpy()
+        want = model(public.x[a1].to(client.device)).cpu().numpy()
     np.testing.assert_allclose(decode(sent[0][1].parameters)["logits"], want, rtol=1e-5,
                                atol=1e-6)
 
@@ -122,13 +122,13 @@ def test_early_stopping_holds_out_training_data_never_the_test_set(monkeypatch):
     fed = InProcessFederation("fedmd", **{**SMALL, "eval_global_test": True})
     fed.fit_round(1)
     client = fed.client(0)
-    test_rows = {r.tobytes() for r in client.data.test_x.numpy()}
-    test_rows |= {r.tobytes() for r in setup.dataset(fed.cfg).test_x.numpy()}
-    allowed = {r.tobytes() for r in setup.public_set(fed.cfg).x.numpy()}
-    allowed |= {r.tobytes() for r in setup.dataset(fed.cfg).train_x.numpy()}
+    test_rows = {r.tobytes() for r in client.data.test_x.cpu().numpy()}
+    test_rows |= {r.tobytes() for r in setup.dataset(fed.cfg).test_x.cpu().numpy()}
+    allowed = {r.tobytes() for r in setup.public_set(fed.cfg).x.cpu().numpy()}
+    allowed |= {r.tobytes() for r in setup.dataset(fed.cfg).train_x.cpu().numpy()}
     assert seen
     for x in seen:
-        rows = {r.tobytes() for r in x.numpy()}
+        rows = {r.tobytes() for r in x.cpu().numpy()}
         assert rows <= allowed and not rows & test_rows
 
 
@@ -174,7 +174,7 @@ def test_a_consensus_round_digests_toward_the_consensus(monkeypatch):
     idx = alignment_set(fed.cfg.seed, 1, len(public), 16)
     target = np.full((16, 10), 0.5, np.float32)
     client.receive({"indices": idx, "consensus": target}, 2)
-    x = public.x[torch.from_numpy(idx.astype(np.int64))]
+    x = public.x[torch.from_numpy(idx.astype(np.int64))].to(client.device)
     before = digest_loss(torch.from_numpy(maths.scores(client.model, x)),
                          torch.from_numpy(target), "mae").item()
     monkeypatch.setattr(maths, "train_recipe", lambda *a, **k: None)  # no revisit

@@ -59,7 +59,7 @@ def test_fedrep_trains_the_head_with_the_extractor_frozen_then_the_extractor_alo
     client.receive(global_extractor, 1)
     client.train_head(1)
     for k, v in client.model.extractor.state_dict().items():
-        np.testing.assert_array_equal(v.numpy(), global_extractor[f"extractor.{k}"])
+        np.testing.assert_array_equal(v.cpu().numpy(), global_extractor[f"extractor.{k}"])
     assert not torch.equal(client.model.head.weight, head_before["weight"])
     head_after_head_phase = {k: v.clone() for k, v in client.model.head.state_dict().items()}
 

@@ -51,7 +51,7 @@ def test_loss_adds_lambda_times_distance_to_the_global_prototype():
     x, y = client.data.train_x[:32], client.data.train_y[:32]
     client.model.eval()  # no dropout: both computations see the same features
     z = client.model.features(x)
-    protos = torch.stack([torch.from_numpy(sent[f"class-{int(c)}"]) for c in y])
+    protos = torch.stack([torch.from_numpy(sent[f"class-{int(c)}"]) for c in y]).to(z.device)
     expected = F.cross_entropy(client.model.head(z), y) + 2.0 * F.mse_loss(z, protos)
     assert client.loss(x, y).item() == pytest.approx(expected.item(), rel=1e-5)
 
@@ -122,7 +122,8 @@ def test_htfllibs_prototypes_are_means_over_the_training_steps_averaged_uniforml
     assert len(mine) == len(sums)
     for name, vector in mine.items():
         c = int(name.split("/")[0].split("-")[1])
-        np.testing.assert_allclose(vector, (sums[c] / counts[c]).numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(vector, (sums[c] / counts[c]).cpu().numpy(), rtol=1e-4,
+                                   atol=1e-5)
         assert name.endswith(f"/n-{int((y == c).sum())}")  # the class's samples, as before
     # Uniform: each client's prototype of a class once, whatever its count.
     per_class = {}

@@ -91,7 +91,7 @@ def test_clients_start_from_the_server_head_and_report_both_heads():
     for pid, (payload, _) in sent.items():
         client = fed.client(pid)
         client.receive(payload, 1)
-        np.testing.assert_array_equal(client.model.head.weight.detach().numpy(),
+        np.testing.assert_array_equal(client.model.head.weight.detach().cpu().numpy(),
                                       payload["head.weight"])
     metrics = fed.evaluate_round(1)
     assert all("accuracy-own-head" in m for m in metrics.values())

@@ -92,6 +92,7 @@ def test_client_uploads_the_per_class_means_of_its_forward_passes_and_its_loss_b
     with torch.no_grad():
         z = model.features(x)
         logits = model.head(z)
+    z, logits, y = z.cpu(), logits.cpu(), y.cpu()
     classes = sorted(set(y.tolist()))
     assert upload[LABELS].tolist() == classes
     for i, c in enumerate(classes):

@@ -235,8 +235,8 @@ def test_clients_distil_from_round_2_and_upload_soft_predictions_on_a_t(two_roun
     # The last upload is softmax(o / T) of the model as saved, in eval mode, on A_2.
     public = setup.public_set(fed.cfg, labels=False)
     a2 = alignment_set(fed.cfg.seed, 2, len(public), fed.cfg.settings)
-    want = probabilities(fed.client(0).model, public.x[torch.from_numpy(a2.astype(np.int64))],
-                         10.0)
+    want = probabilities(fed.client(0).model, public.x[torch.from_numpy(a2.astype(np.int64))]
+                         .to(fed.client(0).device), 10.0)
     np.testing.assert_allclose(decode(seen[1][0][1].parameters)["probabilities"], want,
                                rtol=1e-5, atol=1e-7)
     # Round 2's targets: each client its own, on A_1.

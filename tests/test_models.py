@@ -17,6 +17,7 @@ from client_models import (
     build_model,
     parse_arch_mix,
 )
+from client_models.base import probe_output_shape
 from client_models.paper_cnns import FEDGH_CNNS, KerasSameAvgPool2x2
 
 torch.set_num_threads(2)
@@ -115,6 +116,18 @@ def test_building_does_not_touch_batchnorm_statistics():
         assert torch.equal(bn.running_var, torch.ones_like(bn.running_var))
         assert bn.num_batches_tracked.item() == 0
     assert model.training
+
+
+def test_the_output_probe_runs_where_the_weights_are():
+    # A stem already on a GPU (FedGKT's client sizing the server model it evaluates) must be
+    # probed there; the meta device stands in for a GPU on a CPU-only machine: a CPU probe
+    # into meta weights fails as a GPU's does, and was reported as "too small".
+    stem = nn.Sequential(nn.Conv2d(1, 4, 5), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2))
+    on_cpu = probe_output_shape(stem, (1, 28, 28), "stem")
+    assert tuple(probe_output_shape(stem.to("meta"), (1, 28, 28), "stem")) == tuple(on_cpu) \
+        == (4, 12, 12)
+    with pytest.raises(ModelConfigError, match="too small"):
+        probe_output_shape(stem, (1, 4, 4), "stem")
 
 
 @pytest.mark.parametrize("arch", ["cnn1", "fedhe-cnn0", "fedhe-cnn7", "resnet10", "alexnet-small"])

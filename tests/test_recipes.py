@@ -42,7 +42,7 @@ def _federation(tmp_path, name, resume_after=0, **extra):
 def _continuous(fed, pid, rounds):
     """Partition ``pid`` trained by one optimizer over the batches its messages draw."""
     client, cfg = fed.client(pid), fed.cfg
-    model = setup.new_model(cfg, client.arch, *expected_input(cfg), pid)  # from the seed
+    model = setup.new_model(cfg, client.arch, *expected_input(cfg), pid).to(client.device)
     optimizer = recipe_optimizer(model.parameters(), cfg)
     for rnd in rounds:
         train_epochs(model, client.data.train_x, client.data.train_y,
@@ -57,7 +57,7 @@ def _saved(fed, pid):
 
 
 def _same(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    return a.keys() == b.keys() and all(torch.equal(a[k].cpu(), b[k].cpu()) for k in a)
 
 
 def _states_after(fed, rounds):

@@ -146,7 +146,7 @@ def test_an_fd_client_keeps_the_rows_a_later_table_may_hold():
     client = fed.client(0)
     client.receive({**table, "counts": np.array([2], np.int32),
                     "own-round": np.array([4])}, 5)
-    np.testing.assert_allclose(client.class_logits[0, :2].numpy(), [3, 2])
+    np.testing.assert_allclose(client.class_logits[0, :2].cpu().numpy(), [3, 2])
     assert bool(client.has_logits[0])
     # A client that lost its state cannot take its rows out: it says so rather than train
     # towards a target holding its own logits.

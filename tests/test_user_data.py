@@ -30,7 +30,8 @@ def test_fedgh_runs_a_user_model_given_by_import_path():
     model = fed.client(0).model
     # FedGH's common d = 500: the user's 24 features are projected, as for every family.
     assert model.family == "custom" and model.feature_dim == fed.cfg.feature_dim
-    assert model.features(torch.zeros(2, 1, 28, 28)).shape == (2, fed.cfg.feature_dim)
+    zeros = torch.zeros(2, 1, 28, 28, device=fed.client(0).device)
+    assert model.features(zeros).shape == (2, fed.cfg.feature_dim)
     fed.fit_round(1)
     assert fed.strategy._counts == {"clients_fit": 3, "failures": 0, "rejected": 0}
     metrics = fed.evaluate_round(1)
