@@ -90,7 +90,12 @@ BASELINES = ["standalone", "lg-fedavg", "fedproto", "fedavg"]
 TRIED = {"fedre": [{"fedre.server-batch-size": 1}, {"batch-size": 10}],
          # Felo's and Velo's paper's group averaging, which their defaults leave off: it costs
          # them most under sparse participation (reproduce/felo_sparse.py, docs/felo.md).
-         "felo": [{"felo.group-avg": True}], "velo": [{"velo.group-avg": True}]}
+         "felo": [{"felo.group-avg": True}], "velo": [{"velo.group-avg": True}],
+         # FedGen's generator at HtFLlib's total.sh rate, which its default replaced (at that
+         # rate the generator never fits the heads' ensemble, docs/fedgen.md), and at that rate
+         # its clients' term at HtFLlib's weight instead of the authors' 10.
+         "fedgen": [{"fedgen.server-lr": 0.1},
+                    {"fedgen.server-lr": 0.1, "fedgen.client-weight": 1.0}]}
 PAGES = {"docs/htfl-methods-1.md": ["fd", "fedre", "fedtgp"], "docs/fedgen.md": ["fedgen"],
          "docs/fedl2g.md": ["fedl2g"], "docs/shared-model-methods.md": ["fml", "fedmrl", "fedkd"]}
 

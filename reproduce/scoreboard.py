@@ -87,6 +87,8 @@ DIAGNOSTICS: dict[str, tuple[str, dict[str, dict[str, Any]], tuple[str, ...]]] =
     "group-avg": ("group-avg = true, the paper's", {m: {f"{m}.group-avg": True}
                                                     for m in ("felo", "velo")},
                   tuple(SETTINGS)),
+    "server-lr-0.1": ("fedgen.server-lr = 0.1, HtFLlib's total.sh",
+                      {"fedgen": {"fedgen.server-lr": 0.1}}, tuple(SETTINGS)),
 }
 
 

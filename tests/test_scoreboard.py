@@ -49,6 +49,14 @@ def test_a_diagnostic_row_changes_one_setting_of_its_method_in_its_columns_only(
     assert scoreboard.label("felo", "rounds", "group-avg") == (
         "felo (group-avg = true, the paper's)")
     assert scoreboard.DIAGNOSTICS["group-avg"][2] == tuple(scoreboard.SETTINGS)
+    # FedGen's generator at the rate its default replaced: its own method only.
+    fedgen = scoreboard.overrides("iid", "fedgen", "rounds", "server-lr-0.1")
+    assert fedgen == {**scoreboard.overrides("iid", "fedgen", "rounds", ""),
+                      "fedgen.server-lr": 0.1}
+    assert "fedgen.server-lr" not in scoreboard.overrides("iid", "felo", "rounds",
+                                                          "server-lr-0.1")
+    assert (scoreboard.run_name("two-class", "fedgen", "rounds", "server-lr-0.1")
+            == "two-class-fedgen-server-lr-0.1")
 
 
 def test_the_difference_is_taken_seed_by_seed():
