@@ -108,9 +108,9 @@ def main() -> None:
     if not args.table_only:
         run_parallel([(None, {**settings, "seed": s}, f"{name}-seed{s}")
                       for settings, name in rows.values() for s in seeds], out, args.jobs)
-    runs = {key: run_seeds(None, settings, name, seeds, out)
+    runs = {key: run_seeds(None, settings, name, seeds, out)  # runs what is missing
             for key, (settings, name) in rows.items()
-            if all(finished(out, f"{name}-seed{s}") for s in seeds)}
+            if not args.table_only or all(finished(out, f"{name}-seed{s}") for s in seeds)}
 
     missing: list[str] = []
 

@@ -46,3 +46,18 @@ def test_every_other_row_changes_one_thing_of_the_papers():
     assert ("standalone", 'optimizer-state = "fresh" (a new Adam every visit)') in rows
     assert ("standalone", paper) not in rows
     assert "felo.group-avg" not in rows["felo", default][0]
+
+
+def test_a_plain_invocation_makes_the_missing_rows_and_table_only_none(monkeypatch, tmp_path):
+    asked = []
+    monkeypatch.setattr(felo_sparse, "run_seeds", lambda _p, settings, name, seeds, out:
+                        asked.append(name) or [{"accuracy": {"per_client": {"0": 0.5}}}] * 3)
+    monkeypatch.setattr(felo_sparse, "finished", lambda out, name: None)  # nothing made yet
+    monkeypatch.setattr(felo_sparse, "write_generated", lambda *a: None)
+    monkeypatch.setattr(sys, "argv", ["felo_sparse.py"])
+    felo_sparse.main()  # one job at a time: every row is run by run_seeds, in order
+    assert asked == [name for _, name in felo_sparse.plan({}).values()]
+    asked.clear()
+    monkeypatch.setattr(sys, "argv", ["felo_sparse.py", "--table-only"])
+    felo_sparse.main()
+    assert asked == []
