@@ -3,9 +3,10 @@ from a finished run's ``summary.json`` or its record), and turn several seeds' s
 table cells and a plot. Each script in this folder writes one table and one plot into ``docs/``.
 
 Records: every finished run's summary is also kept under ``reproduce/records/<results folder>/
-<run name>.json``, committed, with where it was made (commit, CPU, torch). A table is thus
-rebuilt, and a long reproduction resumed, on a machine that has never run it: runs on other
-machines are reused as they are. Delete a script's records folder to make its runs anew.
+<run name>.json``, committed, with where it was made (commit, CPU, torch) and every effective
+setting (a reused record whose settings its name no longer resolves to is refused). A table is
+thus rebuilt, and a long reproduction resumed, on a machine that has never run it: runs on
+other machines are reused as they are. Delete a script's records folder to make its runs anew.
 A rerun is bit-for-bit equal on the same kind of CPU; on another kind it may not be
 (docs/scoreboard.md)."""
 
@@ -99,14 +100,20 @@ def provenance(made_here: bool) -> dict[str, Any]:
 def record(out_dir: Path, run_name: str, origin: Mapping[str, Any],
            read: bool = True) -> dict[str, Any]:
     """The run's record: its summary with ``provenance`` (``origin`` if the run has no record
-    yet, which it is then kept as); ``read``: counted among the runs a table comes from."""
+    yet, which it is then kept as) and ``settings``, every effective setting of the run (its
+    ``config.json``; absent from records kept before they were stored); ``read``: counted
+    among the runs a table comes from."""
     path = record_path(out_dir, run_name)
     if Path(out_dir).name == QUICK:  # a pipeline check's runs are no evidence
         return {**json.loads(finished(out_dir, run_name).read_text()), "provenance": dict(origin)}
     if not path.exists():
+        from fedapp.cli.compare import run_settings
         summary = json.loads(finished(out_dir, run_name).read_text())
+        settings = run_settings(Path(out_dir) / run_name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**summary, "provenance": dict(origin)}, indent=1) + "\n")
+        path.write_text(json.dumps({**summary, "provenance": dict(origin),
+                                    **({"settings": settings} if settings else {})},
+                                   indent=1) + "\n")
     kept = json.loads(path.read_text())
     if read:
         READ[path] = kept
@@ -154,6 +161,29 @@ def provenance_line(summaries: Iterable[Mapping[str, Any]]) -> str:
             + " (reproduce/records/).")
 
 
+# Settings a record is not checked against: they name the run, say where it ran or what it
+# wrote beside its results (fedapp compare's), or are paths on the machine that made it.
+UNCHECKED = frozenset({"data-dir", "public-file"})
+
+
+def stale_settings(kept: Mapping[str, Any], preset: str | None,
+                   overrides: Mapping[str, Any]) -> list[str]:
+    """``key = recorded (now value)`` for every setting a recorded run was made with that the
+    run's preset and overrides no longer resolve to (a default changed since, say): a run is
+    found by its name alone, so a record whose settings moved would be read as the new ones'.
+    Empty for a record kept without its settings."""
+    made = kept.get("settings")
+    if not made:
+        return []
+    from fedapp.cli.compare import NOT_COMPARED
+    from fedapp.cli.run import resolve_settings
+    from strategies import settings_report
+    now = settings_report(resolve_settings(preset, [f"{k}={toml_value(v)}" for k, v in
+                                                    overrides.items()])[0])["settings"]
+    return [f"{k} = {toml_value(made[k])} ({toml_value(v)} now)" for k, v in now.items()
+            if k in made and k not in NOT_COMPARED and k not in UNCHECKED and made[k] != v]
+
+
 def run_experiment(preset: str | None, overrides: Mapping[str, Any], run_name: str,
                    out_dir: Path) -> dict[str, Any]:
     """``fedapp run [preset] --set ...`` into ``out_dir/run_name``; its summary. A run whose
@@ -164,7 +194,15 @@ def run_experiment(preset: str | None, overrides: Mapping[str, Any], run_name: s
     done = finished(out_dir, run_name)
     if done is not None:
         print(f"[reproduce] {run_name}: done before, reusing {done}", flush=True)
-        return checked(out_dir, run_name, record(out_dir, run_name, provenance(made_here=False)))
+        kept = record(out_dir, run_name, provenance(made_here=False))
+        stale = stale_settings(kept, preset, overrides)
+        if stale:
+            raise RuntimeError(
+                f"{run_name} was made with {', '.join(stale)}: its record "
+                f"({record_path(out_dir, run_name)}) no longer holds the run this name now "
+                "asks for. Rename it (and its results folder) to the row it is, or delete both "
+                "to make the run anew")
+        return checked(out_dir, run_name, kept)
     cmd = [*FEDAPP, "run", *([preset] if preset else []), "--output-dir", str(out_dir),
            "--set", f"run-name={toml_value(run_name)}"]
     for key, value in overrides.items():

@@ -111,6 +111,34 @@ def test_a_finished_run_is_recorded_with_where_it_was_made(tmp_path, records, mo
         (records / "scoreboard" / "c-seed0.json").read_text())["provenance"]
 
 
+def test_a_record_keeps_its_settings_and_is_refused_once_its_name_asks_for_others(tmp_path,
+                                                                                  records):
+    from fedapp.cli.run import resolve_settings
+    from strategies import settings_report
+    out = tmp_path / "defaults"
+    made = settings_report(resolve_settings(None, ["seed=0", 'method="fd"'])[0])["settings"]
+    # A run found under results/ is recorded with its config.json's settings.
+    (out / "a-seed0").mkdir(parents=True)
+    (out / "a-seed0" / "summary.json").write_text(json.dumps({"accuracy": 0.4}))
+    (out / "a-seed0" / "config.json").write_text(json.dumps({"settings": made}))
+    assert common.run_experiment(None, {"seed": 0, "method": "fd"}, "a-seed0", out)
+    assert json.loads((records / "defaults" / "a-seed0.json").read_text())["settings"] == made
+    # Where it ran and what it is called are no difference; a path on its machine neither.
+    moved = {**made, "client-num-gpus": 0.5, "run-name": "x", "data-dir": "/elsewhere"}
+    (records / "defaults" / "b-seed0.json").write_text(json.dumps(
+        {"accuracy": 0.5, "settings": moved}))
+    assert common.run_experiment(None, {"seed": 0, "method": "fd"}, "b-seed0", out)
+    # A default that changed since the run was made: the name now asks for another run.
+    (records / "defaults" / "c-seed0.json").write_text(json.dumps(
+        {"accuracy": 0.6, "settings": {**made, "lr": 0.5, "fd.lambda": 9.0}}))
+    with pytest.raises(RuntimeError, match=r"c-seed0 was made with lr = 0\.5 \(0\.01 now\), "
+                                           r"fd\.lambda = 9\.0 \(1\.0 now\)"):
+        common.run_experiment(None, {"seed": 0, "method": "fd"}, "c-seed0", out)
+    # A record kept before records held their settings is reused as it is.
+    (records / "defaults" / "d-seed0.json").write_text(json.dumps({"accuracy": 0.7}))
+    assert common.run_experiment(None, {"seed": 0, "method": "fd"}, "d-seed0", out)
+
+
 def test_a_pipeline_checks_runs_are_never_recorded(tmp_path, records, monkeypatch):
     # --quick runs (shrunk settings) land beside the script's real runs; a record of them
     # would be reused as evidence by a later full run on another machine.
