@@ -161,8 +161,8 @@ def provenance_line(summaries: Iterable[Mapping[str, Any]]) -> str:
             + " (reproduce/records/).")
 
 
-# Settings a record is not checked against: they name the run, say where it ran or what it
-# wrote beside its results (fedapp compare's), or are paths on the machine that made it.
+# Settings a record is not checked against besides fedapp compare's NOT_COMPARED (those that
+# name a run or say where it ran): paths on the machine that made it.
 UNCHECKED = frozenset({"data-dir", "public-file"})
 
 
