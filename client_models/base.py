@@ -164,12 +164,12 @@ def _try_output_shape(
     body: nn.Module, input_shape: tuple[int, int, int]
 ) -> tuple[torch.Size | None, str]:
     """(output shape without batch dim, "") or (None, why torch refused) for one zero input."""
-    # Eval mode so BatchNorm neither fails on a 1x1 map nor updates its running statistics
-    # with the probe's zeros; the previous mode is restored afterwards.
     # The probe goes where the body's weights are: a model already moved to a GPU (FedGKT's
     # client measuring its stem's maps) would refuse a CPU input as "too small".
     device = next(itertools.chain(body.parameters(), body.buffers()),
                   torch.zeros(())).device
+    # Eval mode so BatchNorm neither fails on a 1x1 map nor updates its running statistics
+    # with the probe's zeros; the previous mode is restored afterwards.
     was_training = body.training
     body.eval()
     try:
