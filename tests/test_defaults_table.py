@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reproduce"))
 import common  # noqa: E402
 import defaults  # noqa: E402
+import felo_sparse  # noqa: E402
 from common import DEFAULT_SEEDS  # noqa: E402
 
 EVERY = [m for m in common.page_methods() if m != "standalone"]
@@ -69,11 +70,14 @@ def test_every_method_is_read_against_a_standalone_row_that_trains_exactly_as_it
 
 
 def test_every_recorded_run_is_still_a_run_of_the_table():
-    """The runs made before the public-data and sub-model rows joined keep their names."""
+    """The runs made before the public-data and sub-model rows joined keep their names; the
+    folder also holds reproduce/felo_sparse.py's rows, which share its sparse runs."""
     rows = defaults.table_rows(EVERY)
     plan = defaults.planned(rows, defaults.needed(rows, EVERY), list(common.DEFAULTS_SETTINGS),
                             DEFAULT_SEEDS)
-    names = {f"{name}-seed{s}" for _, _, name in plan for s in DEFAULT_SEEDS}
+    sparse = [name for _, name in felo_sparse.plan({}).values()]
+    names = {f"{name}-seed{s}" for name in [n for _, _, n in plan] + sparse
+             for s in DEFAULT_SEEDS}
     recorded = {p.stem for p in (common.RECORDS / "defaults").glob("*.json")}
     assert len(recorded) >= 144 and recorded <= names
 
