@@ -95,7 +95,10 @@ TRIED = {"fedre": [{"fedre.server-batch-size": 1}, {"batch-size": 10}],
          # rate the generator never fits the heads' ensemble, docs/fedgen.md), and at that rate
          # its clients' term at HtFLlib's weight instead of the authors' 10.
          "fedgen": [{"fedgen.server-lr": 0.1},
-                    {"fedgen.server-lr": 0.1, "fedgen.client-weight": 1.0}]}
+                    {"fedgen.server-lr": 0.1, "fedgen.client-weight": 1.0}],
+         # FedTGP's paper's headline, the nearest global prototype, which its default replaced
+         # by the model's own head (the same training; both are in every run's results).
+         "fedtgp": [{"fedtgp.eval-rule": "nearest-prototype"}]}
 PAGES = {"docs/htfl-methods-1.md": ["fd", "fedre", "fedtgp"], "docs/fedgen.md": ["fedgen"],
          "docs/fedl2g.md": ["fedl2g"], "docs/shared-model-methods.md": ["fml", "fedmrl", "fedkd"]}
 

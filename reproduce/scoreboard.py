@@ -89,6 +89,9 @@ DIAGNOSTICS: dict[str, tuple[str, dict[str, dict[str, Any]], tuple[str, ...]]] =
                   tuple(SETTINGS)),
     "server-lr-0.1": ("fedgen.server-lr = 0.1, HtFLlib's total.sh",
                       {"fedgen": {"fedgen.server-lr": 0.1}}, tuple(SETTINGS)),
+    "nearest-prototype": ("fedtgp.eval-rule = nearest-prototype, the paper's headline",
+                          {"fedtgp": {"fedtgp.eval-rule": "nearest-prototype"}},
+                          tuple(SETTINGS)),
 }
 
 

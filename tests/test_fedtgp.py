@@ -109,8 +109,8 @@ def test_one_server_seed_gives_every_run_the_same_server_randomness():
     assert not torch.equal(b0[0], b1[0]) and not np.array_equal(q0, q1)
 
 
-def test_the_headline_is_the_nearest_global_prototype():
-    fed = InProcessFederation("fedtgp", **SMALL)
+def test_the_papers_headline_is_the_nearest_global_prototype():
+    fed = InProcessFederation("fedtgp", **SMALL, **{"fedtgp.eval-rule": "nearest-prototype"})
     fed.fit_round(1)
     metrics = fed.evaluate_round(1)
     assert all("accuracy-own-head" in m for m in metrics.values())
@@ -126,7 +126,7 @@ def test_the_headline_is_the_nearest_global_prototype():
 def test_the_headline_by_hand(rule):
     # Every class's global prototype (classes 3-9 far away); representations z = x
     # (two_feature_model), whose own head predicts class 0 everywhere.
-    chosen = {} if rule == "nearest-prototype" else {"fedtgp.eval-rule": rule}  # the default
+    chosen = {} if rule == "head" else {"fedtgp.eval-rule": rule}  # the default: head
     fed = InProcessFederation("fedtgp", **SMALL, **chosen)
     c = fed.client(0).num_classes
     prototypes = np.array([[4, 0], [0, 4], [4, 4]] + [[100 + k, 100] for k in range(3, c)],

@@ -15,9 +15,9 @@ prototype: ``Embedding(C, d) -> Linear(d, d) + ReLU -> Linear(d, d)``. Each roun
    prototype than any other's by the margin;
 4. sends ``P[c] = TGP(c)`` for every class: C * d numbers, the same to everyone.
 
-Inference is the nearest global prototype to ``z`` (FedProto's nearest-prototype rule, the
-paper's; ``fedtgp.eval-rule = "head"`` makes the model's own head the headline, and both are
-reported).
+The paper's inference is the nearest global prototype to ``z`` (FedProto's nearest-prototype
+rule: ``fedtgp.eval-rule = "nearest-prototype"``); the default headline is the model's own
+head, chosen by measurement (docs/recipes.md), and both are reported.
 
 Deviations from the reference code, each a setting where it changes numbers:
 - The code's clients upload the prototypes of the model *before* the round's training
