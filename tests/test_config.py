@@ -122,6 +122,22 @@ def test_settings_that_only_fail_with_the_data_are_refused_before_training(overr
         assert word in str(err.value)
 
 
+@pytest.mark.parametrize("method,overrides,model", [
+    ("heterofl", {}, "heterofl-conv"), ("fjord", {}, "heterofl-conv"),
+    ("fedrolex", {}, "heterofl-conv"), ("depthfl", {"depthfl.model": "cnn4"}, "cnn4"),
+])
+def test_an_input_too_small_for_a_methods_own_model_is_refused_before_training(
+        method, overrides, model):
+    # The clients' architectures (resnet10) take a 6x6 input; the global model the method
+    # slices does not, which the server would find only when it builds it.
+    from fedapp.data.setup import prepare
+    flat = {"method": method, "dataset": "synthetic", "synthetic-shape": "1,6,6",
+            "num-clients": 5, "arch-mix": "resnet10", **overrides}
+    with pytest.raises(ConfigError, match=f"method '{method}' cannot run on synthetic "
+                                          rf"\(1, 6, 6\).*too small for '{model}"):
+        prepare(load_config(flat))
+
+
 def test_a_preset_extends_another_and_a_loop_is_refused(tmp_path, monkeypatch):
     from fedapp import config
     monkeypatch.setattr(config, "CONF_DIR", tmp_path)
