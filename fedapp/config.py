@@ -661,7 +661,11 @@ def _check_value(key: str, f: dataclasses.Field, value: Any) -> Any:
         if value != value or value in (float("inf"), float("-inf")):
             raise bad
     elif not isinstance(value, str):
-        raise bad
+        # A number where text is wanted stands for the text it was written as (up to TOML's
+        # spelling), so that `--set heterofl.rates=0.5` needs no quotes around the rate.
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        value = repr(value)
     m = f.metadata
     if m["choices"] and value not in m["choices"]:
         raise bad

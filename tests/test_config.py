@@ -54,6 +54,17 @@ def test_bad_values_name_key_value_and_what_is_allowed(key, value, words):
         assert word in str(err.value)
 
 
+@pytest.mark.parametrize("text,value", [("0.5", "0.5"), ("1", "1"), ('"0.25"', "0.25")])
+def test_a_number_given_for_text_is_that_text(text, value):
+    # `--set heterofl.rates=0.5`: TOML reads a number; the setting is a string (a rate, a
+    # level list), so the number stands for what was written. A boolean is still refused.
+    key, parsed = parse_override(f"heterofl.rates={text}")
+    cfg = load_config({"method": "heterofl", key: parsed})
+    assert cfg.settings.rates == value
+    with pytest.raises(ConfigError, match="heterofl.rates = True is invalid"):
+        load_config({"method": "heterofl", "heterofl.rates": True})
+
+
 def test_unknown_key_suggests_the_close_one():
     with pytest.raises(ConfigError, match="did you mean num-server-rounds"):
         parse_run_config({"num-server-round": 3})
