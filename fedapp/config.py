@@ -454,8 +454,9 @@ class RunConfig:
     deterministic: bool = _opt(
         True, "on a GPU, deterministic kernels, so that one seed gives one result there as on "
         "the CPU (slower); false lets cuDNN pick its fastest, run-to-run varying, kernels")
-    wait_for_clients_seconds: int = _opt(300, "how long the server waits for num-clients",
-                                         low=1)
+    wait_for_clients_seconds: int = _opt(
+        300, "how long the server waits for num-clients nodes before round 1 (later rounds go "
+        "on with those connected, except under differential-privacy)", low=1)
     output_dir: str = _opt("", "absolute results directory ('' = ~/fedapp-results)")
     run_name: str = _opt("", "results sub-folder name ('' = method-dataset-time)")
     tensorboard: bool = _opt(

@@ -2,8 +2,9 @@
 TLS and SuperNode authentication, two registered SuperNodes (one taking its partition by id, one
 reading its own data-dir), an unregistered one that must be refused, a synchronous run, an
 asynchronous FedHe run and a device-to-device CompFL walk; three SuperNodes, one of them
-registered and malicious, outvoted by a robust aggregation rule; and four SuperNodes with
-Flower's SecAgg+, one killed mid-round."""
+registered and malicious, outvoted by a robust aggregation rule; three SuperNodes, one of them
+killed for good, which the run goes on without; and four SuperNodes with Flower's SecAgg+, one
+killed mid-round."""
 
 import ipaddress
 import json
@@ -331,6 +332,41 @@ def test_a_registered_malicious_supernode_is_outvoted_by_a_robust_rule(tmp_path,
     assert attacked["accuracy"]["honest_mean"] == pytest.approx(honest_mean(attacked))
     assert honest_mean(attacked) < honest_mean(clean) - 0.3
     assert abs(defended["accuracy"]["honest_mean"] - honest_mean(clean)) <= 0.05
+    assert spawn.stop_all() == []
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_supernode_that_dies_for_good_leaves_the_run_to_the_others(tmp_path, spawn):
+    # Three authenticated SuperNodes; site2 is killed when round 2's first message reaches it
+    # and never comes back. Its round-2 messages time out (a failure in that round); once the
+    # SuperLink has marked it offline (two missed heartbeats, about a minute), the later rounds
+    # go on with the two others instead of waiting for num-clients nodes until
+    # wait-for-clients-seconds and failing.
+    _deployment(tmp_path, spawn, sites=3)
+    out, d = tmp_path / "results", ["--dir", str(tmp_path / "deployment")]
+    with open(tmp_path / "lost-run.log", "w") as log:
+        run = subprocess.Popen([*FEDAPP, "deploy", "run", "smoke", *RUN_SETTINGS,
+                                "--set", "num-clients=3", "--set", 'arch-mix="cnn5,cnn4,cnn3"',
+                                "--set", "num-server-rounds=6", "--set", "round-timeout=20.0",
+                                "--set", "wait-for-clients-seconds=30",
+                                "--set", 'run-name="lost"', "--output-dir", str(out), *d],
+                               cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    site2 = next(p for p in spawn.started if "site2.key" in " ".join(map(str, p.args)))
+    deadline = time.monotonic() + 600
+    while "ROUND 2]" not in (tmp_path / "site2.log").read_text():
+        assert run.poll() is None and time.monotonic() < deadline, \
+            (tmp_path / "lost-run.log").read_text()
+        time.sleep(0.2)
+    stop_process_group(site2)
+    assert run.wait(timeout=900) == 0, (tmp_path / "lost-run.log").read_text()
+    records = [json.loads(line) for line in
+               (out / "lost" / "rounds.jsonl").read_text().splitlines()]
+    assert len(records) == 6 and records[0]["clients_fit"] == 3
+    assert 2 in records[1]["failed_clients"]
+    assert records[-1]["clients_fit"] == 2 and records[-1]["failed_clients"] == []
+    assert "partition(s) [2] not connected" in (out / "lost" / "flwr.log").read_text()
     assert spawn.stop_all() == []
 
 
