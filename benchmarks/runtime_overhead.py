@@ -69,9 +69,10 @@ sys.path.insert(0, str(ROOT))
 from flwr.app import Context, RecordDict  # noqa: E402
 
 from fedapp.data import setup  # noqa: E402
-from fedapp.data.partitions import load_client_data  # noqa: E402
+from fedapp.data.partitions import ClientData, load_client_data  # noqa: E402
 from fedapp.runtime import timeline  # noqa: E402
 from fedapp.runtime.class_stats import class_means  # noqa: E402
+from fedapp.runtime.training import pick_device  # noqa: E402
 from fedapp.seeding import derive_seed  # noqa: E402
 from strategies import METHODS, load_config  # noqa: E402
 
@@ -122,23 +123,33 @@ def bare(cfg) -> Iterator[tuple[float, float, float]]:
 
     Yields (training seconds, evaluation seconds, seconds of the method's own client pass in
     :data:`OWN_PASS`, 0 for a method without one) of each round (set-up is not timed)."""
+    # On the device the clients pick (a GPU where there is one), so that both loops do the
+    # same work where they would run; its queued kernels are waited for before each clock.
+    device = pick_device()
     data = setup.dataset(cfg)
-    shards = [load_client_data(data, setup.partition_spec(cfg), k)
+    shards = [ClientData(*(t.to(device) for t in load_client_data(
+                  data, setup.partition_spec(cfg), k).tensors()))
               for k in range(cfg.num_clients)]
     models = [setup.new_model(cfg, arch, data.input_shape, data.num_classes,
-                              *setup.own_key(cfg, k))
+                              *setup.own_key(cfg, k)).to(device)
               for k, arch in enumerate(setup.architectures(cfg))]
     own_pass = OWN_PASS.get(cfg.method)
+
+    def clock() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
     for rnd in range(1, cfg.num_server_rounds + 1):
         train = evaluate = own = 0.0
         for k, (model, shard) in enumerate(zip(models, shards)):
-            start = time.perf_counter()
+            start = clock()
             opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                                   weight_decay=cfg.weight_decay)
             model.train()
             # The clients' batch order: one shuffle from the generator keyed like theirs.
             order = torch.randperm(len(shard.train_y), generator=torch.Generator().manual_seed(
-                derive_seed(cfg.seed, "batches", k, rnd)))
+                derive_seed(cfg.seed, "batches", k, rnd))).to(device)
             for i in range(0, len(order), cfg.batch_size):
                 idx = order[i:i + cfg.batch_size]
                 loss = F.cross_entropy(model(shard.train_x[idx]), shard.train_y[idx])
@@ -147,17 +158,17 @@ def bare(cfg) -> Iterator[tuple[float, float, float]]:
                 if cfg.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                 opt.step()
-            middle = time.perf_counter()
+            middle = clock()
             if own_pass is not None:
                 own_pass(model, shard, data.num_classes)
-            after_pass = time.perf_counter()
+            after_pass = clock()
             model.eval()
             with torch.no_grad():
                 for i in range(0, len(shard.test_y), 512):
                     model(shard.test_x[i:i + 512]).argmax(1)
             train += middle - start
             own += after_pass - middle
-            evaluate += time.perf_counter() - after_pass
+            evaluate += clock() - after_pass
         yield train, evaluate, own
 
 

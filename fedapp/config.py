@@ -454,8 +454,9 @@ class RunConfig:
     deterministic: bool = _opt(
         True, "on a GPU, deterministic kernels, so that one seed gives one result there as on "
         "the CPU (slower); false lets cuDNN pick its fastest, run-to-run varying, kernels")
-    wait_for_clients_seconds: int = _opt(300, "how long the server waits for num-clients",
-                                         low=1)
+    wait_for_clients_seconds: int = _opt(
+        300, "how long the server waits for num-clients nodes before round 1 (later rounds go "
+        "on with those connected, except under differential-privacy)", low=1)
     output_dir: str = _opt("", "absolute results directory ('' = ~/fedapp-results)")
     run_name: str = _opt("", "results sub-folder name ('' = method-dataset-time)")
     tensorboard: bool = _opt(
@@ -661,7 +662,11 @@ def _check_value(key: str, f: dataclasses.Field, value: Any) -> Any:
         if value != value or value in (float("inf"), float("-inf")):
             raise bad
     elif not isinstance(value, str):
-        raise bad
+        # A number where text is wanted stands for the text it was written as (up to TOML's
+        # spelling), so that `--set heterofl.rates=0.5` needs no quotes around the rate.
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        value = repr(value)
     m = f.metadata
     if m["choices"] and value not in m["choices"]:
         raise bad

@@ -67,6 +67,8 @@ WORK: dict[str, Any] = {
     "fedmd.pretrain-public-epochs": 20, "fedmd.pretrain-public-batch-size": 128,
     "fedmd.pretrain-private-epochs": 25, "fedmd.pretrain-private-batch-size": 32,
     "fedmd.early-stopping-fraction": 0.0,
+    # The peer's revisits continue its private pre-training's Adam (one compile()).
+    "fedmd.revisit-optimizer": "private-pretraining",
 }
 # A pipeline check (--quick): 50 training samples per client, one public pre-training epoch,
 # one collaborative round; its table goes to results/crosscheck-fedmd/quick/, never to docs/.

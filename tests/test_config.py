@@ -54,6 +54,17 @@ def test_bad_values_name_key_value_and_what_is_allowed(key, value, words):
         assert word in str(err.value)
 
 
+@pytest.mark.parametrize("text,value", [("0.5", "0.5"), ("1", "1"), ('"0.25"', "0.25")])
+def test_a_number_given_for_text_is_that_text(text, value):
+    # `--set heterofl.rates=0.5`: TOML reads a number; the setting is a string (a rate, a
+    # level list), so the number stands for what was written. A boolean is still refused.
+    key, parsed = parse_override(f"heterofl.rates={text}")
+    cfg = load_config({"method": "heterofl", key: parsed})
+    assert cfg.settings.rates == value
+    with pytest.raises(ConfigError, match="heterofl.rates = True is invalid"):
+        load_config({"method": "heterofl", "heterofl.rates": True})
+
+
 def test_unknown_key_suggests_the_close_one():
     with pytest.raises(ConfigError, match="did you mean num-server-rounds"):
         parse_run_config({"num-server-round": 3})
@@ -120,6 +131,22 @@ def test_settings_that_only_fail_with_the_data_are_refused_before_training(overr
         prepare(load_config(flat))
     for word in words:
         assert word in str(err.value)
+
+
+@pytest.mark.parametrize("method,overrides,model", [
+    ("heterofl", {}, "heterofl-conv"), ("fjord", {}, "heterofl-conv"),
+    ("fedrolex", {}, "heterofl-conv"), ("depthfl", {"depthfl.model": "cnn4"}, "cnn4"),
+])
+def test_an_input_too_small_for_a_methods_own_model_is_refused_before_training(
+        method, overrides, model):
+    # The clients' architectures (resnet10) take a 6x6 input; the global model the method
+    # slices does not, which the server would find only when it builds it.
+    from fedapp.data.setup import prepare
+    flat = {"method": method, "dataset": "synthetic", "synthetic-shape": "1,6,6",
+            "num-clients": 5, "arch-mix": "resnet10", **overrides}
+    with pytest.raises(ConfigError, match=f"method '{method}' cannot run on synthetic "
+                                          rf"\(1, 6, 6\).*too small for '{model}"):
+        prepare(load_config(flat))
 
 
 def test_a_preset_extends_another_and_a_loop_is_refused(tmp_path, monkeypatch):

@@ -2,8 +2,9 @@
 TLS and SuperNode authentication, two registered SuperNodes (one taking its partition by id, one
 reading its own data-dir), an unregistered one that must be refused, a synchronous run, an
 asynchronous FedHe run and a device-to-device CompFL walk; three SuperNodes, one of them
-registered and malicious, outvoted by a robust aggregation rule; and four SuperNodes with
-Flower's SecAgg+, one killed mid-round."""
+registered and malicious, outvoted by a robust aggregation rule; three SuperNodes, one of them
+killed for good, which the run goes on without; and four SuperNodes with Flower's SecAgg+, one
+killed mid-round."""
 
 import ipaddress
 import json
@@ -334,12 +335,58 @@ def test_a_registered_malicious_supernode_is_outvoted_by_a_robust_rule(tmp_path,
     assert spawn.stop_all() == []
 
 
+def _run_killing(tmp_path: Path, spawn, name: str, site: str, marker: str,
+                 *settings: str) -> tuple[subprocess.Popen, Path]:
+    """Start ``fedapp deploy run smoke`` (RUN_SETTINGS, then ``settings``) as run ``name`` on
+    the loopback deployment, logging to ``tmp_path/NAME-run.log``, and stop SuperNode
+    ``site`` (with all it spawned) as soon as its log shows ``marker``. Returns the running
+    command and the results folder."""
+    out = tmp_path / "results"
+    with open(tmp_path / f"{name}-run.log", "w") as log:
+        run = subprocess.Popen([*FEDAPP, "deploy", "run", "smoke", *RUN_SETTINGS, *settings,
+                                "--set", f'run-name="{name}"', "--output-dir", str(out),
+                                "--dir", str(tmp_path / "deployment")],
+                               cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    node = next(p for p in spawn.started if f"{site}.key" in " ".join(map(str, p.args)))
+    deadline = time.monotonic() + 600
+    while marker not in (tmp_path / f"{site}.log").read_text():
+        assert run.poll() is None and time.monotonic() < deadline, \
+            (tmp_path / f"{name}-run.log").read_text()
+        time.sleep(0.2)
+    stop_process_group(node)
+    return run, out
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_supernode_that_dies_for_good_leaves_the_run_to_the_others(tmp_path, spawn):
+    # Three authenticated SuperNodes; site2 is killed when round 2's first message reaches it
+    # and never comes back. Its round-2 messages time out (a failure in that round); once the
+    # SuperLink has marked it offline (two missed heartbeats, about a minute), the later rounds
+    # go on with the two others instead of waiting for num-clients nodes until
+    # wait-for-clients-seconds and failing.
+    _deployment(tmp_path, spawn, sites=3)
+    run, out = _run_killing(tmp_path, spawn, "lost", "site2", "ROUND 2]",
+                            "--set", "num-clients=3", "--set", 'arch-mix="cnn5,cnn4,cnn3"',
+                            "--set", "num-server-rounds=6", "--set", "round-timeout=20.0",
+                            "--set", "wait-for-clients-seconds=30")
+    assert run.wait(timeout=900) == 0, (tmp_path / "lost-run.log").read_text()
+    records = [json.loads(line) for line in
+               (out / "lost" / "rounds.jsonl").read_text().splitlines()]
+    assert len(records) == 6 and records[0]["clients_fit"] == 3
+    assert 2 in records[1]["failed_clients"]
+    assert records[-1]["clients_fit"] == 2 and records[-1]["failed_clients"] == []
+    assert "partition(s) [2] not connected" in (out / "lost" / "flwr.log").read_text()
+    assert spawn.stop_all() == []
+
+
 @pytest.mark.slow
 @pytest.mark.long
 def test_secure_aggregation_survives_a_supernode_killed_mid_round(tmp_path, spawn):
     # Four authenticated SuperNodes, LG-FedAvg with Flower's SecAgg+ (docs/privacy.md). site3
     # is killed as soon as it receives the round's first message (SecAgg+'s setup), and
-    # started again (the run's later messages, its evaluation, wait for num-clients nodes): the
+    # started again (the run's evaluation goes on with the nodes connected then): the
     # round goes on with the other three after secure-aggregation-timeout, and the global head
     # the server unmasked is the n_k-weighted average of the heads the three survivors trained
     # (each client's checkpointed state after the round) within the quantisation error.
@@ -351,20 +398,8 @@ def test_secure_aggregation_survives_a_supernode_killed_mid_round(tmp_path, spaw
     four = ["--set", "num-clients=4", "--set", 'arch-mix="cnn5,cnn4,cnn3,cnn5"',
             "--set", "secure-aggregation=true", "--set", "secure-aggregation-timeout=30.0",
             "--set", "checkpoint-every=1"]
-    out, d = tmp_path / "results", ["--dir", str(tmp_path / "deployment")]
-    with open(tmp_path / "secure-run.log", "w") as log:
-        run = subprocess.Popen([*FEDAPP, "deploy", "run", "smoke", *RUN_SETTINGS,
-                                "--set", "num-server-rounds=1", *four,
-                                "--set", 'run-name="secure"', "--output-dir", str(out), *d],
-                               cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
-    site3 = next(p for p in spawn.started if "site3.key" in " ".join(map(str, p.args)))
-    deadline = time.monotonic() + 600
-    while "ROUND 1]" not in (tmp_path / "site3.log").read_text():
-        assert run.poll() is None and time.monotonic() < deadline, \
-            (tmp_path / "secure-run.log").read_text()
-        time.sleep(0.2)
-    stop_process_group(site3)
+    run, out = _run_killing(tmp_path, spawn, "secure", "site3", "ROUND 1]",
+                            "--set", "num-server-rounds=1", *four)
     supernode("site3", 'partition-id=3 num-partitions=4 device="cpu"')
     assert run.wait(timeout=600) == 0, (tmp_path / "secure-run.log").read_text()
     record = json.loads((out / "secure" / "rounds.jsonl").read_text().splitlines()[0])

@@ -108,6 +108,33 @@ def test_phases_their_kept_optimizers_and_the_transfer_learning_once(monkeypatch
     assert "term-digest" in fed.fit_round(3)[0][1].metrics
 
 
+def test_the_codes_revisit_continues_the_adam_of_the_private_pretraining():
+    def steps(fed: InProcessFederation) -> int:
+        record = fed.contexts[0].state[OPTIMIZER_STATE_KEY.format(name="revisit")]
+        return int(record.to_torch_state_dict()["0.step"])  # Adam's count, parameter 0
+
+    own = InProcessFederation("fedmd", **SMALL)
+    code = InProcessFederation("fedmd", **{**SMALL,
+                                           "fedmd.revisit-optimizer": "private-pretraining"})
+    code.fit_round(1)  # round 1: no revisit, but the pre-training's Adam is kept as its own
+    assert steps(code) > 0
+    for fed in (own, code):
+        fed.fit_round(1)
+        fed.fit_round(2)
+    # Round 2's revisit: 2 epochs of batches of 5 over the shard, on top of the pre-training's.
+    revisit = 2 * -(-len(own.client(0).data.train_y) // 5)
+    assert steps(own) == revisit
+    assert steps(code) > revisit
+
+
+@pytest.mark.parametrize("changed", [{"fedmd.pretrain": "public"},
+                                     {"optimizer-state": "fresh"}])
+def test_continuing_the_pretrainings_adam_needs_it_and_a_kept_optimizer(changed):
+    with pytest.raises(ConfigError, match="fedmd.revisit-optimizer"):
+        cfg_of(**{**SMALL, "fedmd.revisit-optimizer": "private-pretraining", **changed},
+               method="fedmd")
+
+
 def test_without_pretraining_round_1_revisits_the_private_data():
     fed = InProcessFederation("fedmd", **{**SMALL, "fedmd.pretrain": "none"})
     fed.fit_round(1)

@@ -190,6 +190,23 @@ def test_fedapp_settings_prints_the_effective_value_and_its_layer(capsys):
     assert fedapp_main(["settings", "--set", "lr=-1"]) == 2
 
 
+@pytest.mark.parametrize("extra,refusal", [
+    (["--set", 'method="fedmd"'], "needs a public set"),           # a method's rule
+    (["--set", 'method="heterofl"', "--set", 'heterofl.rates="z"'], "heterofl.rates"),
+    (["--set", 'method="heterofl"', "--set", 'synthetic-shape="1,6,6"',  # its global model
+      "--set", 'arch-mix="resnet10"'], "too small for 'heterofl-conv'"),
+])
+def test_fedapp_settings_check_refuses_what_fedapp_run_refuses(extra, refusal, capsys):
+    # Listing the settings applies the settings' own rules only; --check applies the run's.
+    argv = ["settings", "smoke", "--set", 'dataset="synthetic"', *extra]
+    assert fedapp_main(argv) == 0
+    capsys.readouterr()
+    assert fedapp_main([*argv, "--check"]) == 2
+    assert refusal in capsys.readouterr().err
+    assert fedapp_main(["settings", "smoke", "--set", 'dataset="synthetic"', "--check"]) == 0
+    assert "every check fedapp run makes before it starts passes" in capsys.readouterr().out
+
+
 def test_config_json_records_every_setting_and_its_layer(tmp_path):
     from flwr.app import Context, RecordDict
 

@@ -273,6 +273,27 @@ def test_too_few_clients_is_a_clear_error_not_a_hang(caplog):
     assert "waiting for clients: 2 of num-clients=3" in caplog.text
 
 
+@pytest.mark.parametrize("dp", [False, True])
+def test_once_the_federation_has_met_a_node_that_left_does_not_hold_the_rounds(dp, caplog):
+    # Round 1 waits for every partition; after it, a node gone for good (unregistered, as the
+    # SuperLink does once it misses its heartbeats) leaves the round to the others. Under DP
+    # the accountant counts each round's sampling over num-clients, so the server still waits.
+    dp_settings = {"differential_privacy": True, "dp_noise_multiplier": 1.0,
+                   "dp_clip_norm": 1.0} if dp else {}
+    strategy = make_strategy("lg-fedavg", num_clients=3, arch_mix="cnn1,cnn2,cnn3",
+                             wait_for_clients_seconds=1, **dp_settings)
+    manager, proxies = client_manager(strategy)
+    assert len(strategy.configure_fit(1, None, manager)) == 3
+    manager.unregister(proxies[2])
+    if dp:
+        with pytest.raises(RoundFailed, match="only 2 of num-clients=3"):
+            strategy.configure_fit(2, None, manager)
+        return
+    chosen = strategy.configure_fit(2, None, manager)
+    assert sorted(strategy.clients[p.cid].partition_id for p, _ in chosen) == [0, 1]
+    assert "partition(s) [2] not connected: the round goes on with the 2 others" in caplog.text
+
+
 def test_clients_are_identified_first_and_ordered_by_partition_not_node_id():
     strategy = make_strategy("standalone", num_clients=3, arch_mix="cnn1,cnn2,cnn3")
     identities = [{"partition-id": 2, "arch": "cnn3"}, None,  # this one crashes

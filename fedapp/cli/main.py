@@ -52,6 +52,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                              help="a preset name in conf/ or a .toml path")
         command.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                              help=f"a setting as fedapp run takes it (--set {example})")
+        if name == "settings":
+            command.add_argument(
+                "--check", action="store_true",
+                help="also apply every check fedapp run makes before it starts: the rules "
+                     "across settings and the method's, the data, the partition and the "
+                     "models (loads the data and builds the models; trains nothing)")
         command.set_defaults(func=func)
     sub.add_parser("models", help="list the architectures").set_defaults(func=run.cmd_models)
     deploy.add_parser(sub)

@@ -317,11 +317,15 @@ def cmd_settings(args: argparse.Namespace) -> int:
         flat = resolve_settings(args.preset, args.set)[0]
         report = settings_report(flat)
         known, fields = known_methods(flat), {**SHARED_KEYS, **method_keys(flat)}
-        if report["settings"].get("differential-privacy"):
-            # Whether the method can have it is a rule across settings (its card, the loop),
-            # which only the run's whole check applies: refused here as `fedapp run` refuses.
+        check = getattr(args, "check", False)
+        if check or report["settings"].get("differential-privacy"):
+            # The rules across settings (the method's card, the loop, DP) and, with --check,
+            # the data and the models need torch, which listing the settings does not: the
+            # run's whole check, refused here as `fedapp run` refuses.
             from strategies import load_config
-            load_config(flat)
+            cfg = load_config(flat)
+            if check:
+                check_run_data(cfg)
     except (ConfigError, OSError) as exc:
         print(f"fedapp: {exc}", file=sys.stderr)
         return 2
@@ -344,6 +348,9 @@ def cmd_settings(args: argparse.Namespace) -> int:
             if key.startswith(f"{name}.") and key.count(".") == name.count(".") + 1:
                 print(f"{key} = {toml_value(defaults.get(key, f.default))}    "
                       f"# {f.metadata['help']}")
+    if check:
+        print("\n# --check: every check fedapp run makes before it starts passes (the "
+              "settings, the data, the partition, the models)")
     return 0
 
 

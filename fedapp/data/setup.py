@@ -132,9 +132,10 @@ def new_model(cfg: RunConfig, arch: str, input_shape: tuple[int, int, int], num_
 
 
 def prepare(cfg: RunConfig) -> tuple[TensorData, Partition]:
-    """Load the data, partition it and build every architecture once, so that a missing
-    dataset, an impossible partition or an input too small for an architecture is refused
-    before any training (by ``fedapp run`` before it starts Flower, and by the ServerApp)."""
+    """Load the data, partition it and build every architecture once, and the models a method
+    builds of its own (:func:`check_own_models`), so that a missing dataset, an impossible
+    partition or an input too small for a model is refused before any training (by ``fedapp
+    run`` before it starts Flower, and by the ServerApp)."""
     from client_models import ModelConfigError
 
     from fedapp.config import ConfigError
@@ -162,4 +163,24 @@ def prepare(cfg: RunConfig) -> tuple[TensorData, Partition]:
         except ModelConfigError as exc:
             raise ConfigError(f"architecture {arch!r} cannot run on {cfg.dataset} "
                               f"{data.input_shape}: {exc}") from None
+    check_own_models(cfg, data.input_shape, data.num_classes)
     return data, split
+
+
+def check_own_models(cfg: RunConfig, input_shape: tuple[int, int, int],
+                     num_classes: int) -> None:
+    """Build the models a method makes besides arch-mix's (the global model its clients slice,
+    a server model): its settings' ``build_own_models(cfg, input_shape, num_classes)``, which
+    raises ``ModelConfigError`` for an input they cannot take. Raises ConfigError."""
+    from client_models import ModelConfigError
+
+    from fedapp.config import ConfigError
+    build = getattr(cfg.settings, "build_own_models", None)
+    if build is None:
+        return
+    try:
+        with isolated_rng(model_init_seed(cfg, cfg.method, "check")):
+            build(cfg, tuple(input_shape), num_classes)
+    except ModelConfigError as exc:
+        raise ConfigError(f"method {cfg.method!r} cannot run on {cfg.dataset} "
+                          f"{tuple(input_shape)}: {exc}") from None

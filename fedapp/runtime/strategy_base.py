@@ -482,6 +482,12 @@ class FedStrategy(Strategy):
     def _list_clients(self, client_manager: ClientManager) -> list[ClientProxy]:
         now = time.time
         want, deadline = self.cfg.num_clients, now() + self.cfg.wait_for_clients_seconds
+        if self.federation_met() and not self.cfg.differential_privacy:
+            # Every partition has identified itself once: a node that has left since (a
+            # device switched off, a crash) no longer holds the others back, and the round
+            # goes on with those connected. Not under DP, whose accountant counts a round's
+            # sampling over all num-clients (fewer to draw from would spend more).
+            want = self.cfg.min_fit_clients
         # Wait in slices and say so, rather than sit silent until the timeout: a simulation
         # started with too few SuperNodes is the usual cause, and the user should see it.
         while not client_manager.wait_for(want, timeout=int(max(1, min(10, deadline - now())))):
@@ -497,9 +503,19 @@ class FedStrategy(Strategy):
         proxies = list(client_manager.all().values())
         self._ask_identities([p for p in proxies if p.cid not in self.clients])
         known = [p for p in proxies if p.cid in self.clients]
+        missing = sorted(set(range(self.cfg.num_clients))
+                         - {self.clients[p.cid].partition_id for p in known})
+        if missing:
+            log(WARNING, "partition(s) %s not connected: the round goes on with the %d "
+                "others (num-clients=%d)", missing, len(known), self.cfg.num_clients)
         # Ordered by partition id, never by node id (random per run) or arrival order, so that
         # sampling and the order of aggregation, hence the result, follow from the seed alone.
         return sorted(known, key=lambda p: self.clients[p.cid].partition_id)
+
+    def federation_met(self) -> bool:
+        """Whether every partition has identified itself at least once in this run."""
+        seen = {info.partition_id for info in self.clients.values()}
+        return seen >= set(range(self.cfg.num_clients))
 
     def _ask_identities(self, proxies: list[ClientProxy]) -> None:
         """Learn who the new clients are (partition id, architecture) before they are sampled

@@ -200,6 +200,21 @@ class SubmodelSettings:
         norm, scaler, ordered-dropout widths)."""
         return {"norm": "static", "scaler": True}
 
+    def width_model(self, cfg: RunConfig, rate: Fraction, input_shape: tuple[int, int, int],
+                    num_classes: int):
+        """The run's global architecture at ``rate``, sliced from a global model of
+        ``model-width``, with the method's normalisation (HeteroFL: static BN and the Scaler
+        as the settings say; FjORD: per-width BN)."""
+        from client_models.width import build_width_model  # the models import torch
+        return build_width_model(self.global_arch, input_shape, num_classes, rate,
+                                 width=cfg.model_width, **self.model_options(rate))
+
+    def build_own_models(self, cfg: RunConfig, input_shape: tuple[int, int, int],
+                         num_classes: int) -> None:
+        """The global model, which the data set-up builds once so that an input too small for
+        it is refused before training (a slice down-samples as the whole model does)."""
+        self.width_model(cfg, Fraction(1), input_shape, num_classes)
+
     def check(self, cfg: RunConfig) -> None:
         from client_models.width import WIDTH_FAMILIES
         if self.global_arch not in WIDTH_FAMILIES:

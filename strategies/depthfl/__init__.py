@@ -61,6 +61,14 @@ class DepthFLSettings:
     def check(self, cfg: RunConfig) -> None:
         self.client_depths(cfg)  # raises ConfigError
 
+    def build_own_models(self, cfg: RunConfig, input_shape: tuple[int, int, int],
+                         num_classes: int) -> None:
+        """The global model at its full depth, which the data set-up builds once so that an
+        input too small for it is refused before training (a prefix down-samples less)."""
+        from client_models.depth_prefix import build_depth_model, max_depth
+        build_depth_model(self.model, max_depth(self.model), input_shape, num_classes,
+                          width=cfg.model_width)
+
     def client_depths(self, cfg: RunConfig) -> list[int]:
         """The depth of every client, by partition id (raises ConfigError naming the bad
         value and what is allowed)."""

@@ -67,6 +67,13 @@ class FedGKTSettings:
                                   f"fedgkt.server-arch = {self.server_arch!r}: {exc}") from None
 
 
+    def build_own_models(self, cfg: RunConfig, input_shape: tuple[int, int, int],
+                         num_classes: int) -> None:
+        """The server model on the clients' maps, which the data set-up builds once: a user's
+        own data set's input is known only then."""
+        from fedapp.data.setup import architectures
+        self.server_input(cfg, architectures(cfg), input_shape, num_classes)
+
     def server_input(self, cfg: RunConfig, archs: list[str], input_shape: tuple[int, int, int],
                      num_classes: int) -> tuple[int, ...]:
         """The map every client's stem emits, checked to be one shape that the server model

@@ -43,10 +43,10 @@ import torch
 import torch.nn.functional as F
 from flwr.common.logger import log
 
-from client_models import ModelConfigError, build_model
+from client_models import build_model
 from client_models.base import probe_output_shape
 from client_models.stems import stem
-from fedapp.config import ConfigError, RunConfig
+from fedapp.config import RunConfig
 from fedapp.data.setup import model_init_seed
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload, PayloadError
@@ -159,12 +159,9 @@ class FedGKT(FedStrategy):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.settings: FedGKTSettings = self.cfg.settings
-        try:
-            self.map_shape = self.settings.server_input(self.cfg, self.architectures,
-                                                        self.input_shape, self.num_classes)
-        except ModelConfigError as exc:  # a user's own data set: known only now
-            raise ConfigError(f"method 'fedgkt' with arch-mix = {self.cfg.arch_mix!r}: "
-                              f"{exc}") from None
+        # Checked before training by the data set-up (FedGKTSettings.build_own_models).
+        self.map_shape = self.settings.server_input(self.cfg, self.architectures,
+                                                    self.input_shape, self.num_classes)
         self.server_model = server_model(self.cfg, self.map_shape, self.num_classes)
         self.server_optimizer = recipe_optimizer(self.server_model.parameters(), self.cfg)
         self.server_logits: dict[int, np.ndarray] = {}  # partition id -> [n_k, C], by sample id

@@ -39,6 +39,11 @@ class FedMDSettings:
     pretrain_private_patience: int = opt(
         10, "private pre-training: epochs without a 0.001 gain in held-out accuracy before "
         "it stops (code: 10)", low=1)
+    revisit_optimizer: str = opt(
+        "own", "the revisit's Adam: 'own' starts at the first revisit and is kept from then "
+        "on; 'private-pretraining' continues the one of the private pre-training, moments "
+        "and step count (the authors' code compiles a party's model once, before that phase)",
+        choices=("own", "private-pretraining"))
     early_stopping_fraction: float = opt(
         0.1, "share of the pre-training data (the public set; the client's training shard) "
         "held out to decide early stopping; the code monitors the TEST set, which this "
@@ -52,6 +57,13 @@ class FedMDSettings:
         return "public" in self.pretrain
 
     def check(self, cfg: RunConfig) -> None:
+        if self.revisit_optimizer == "private-pretraining" and (
+                self.pretrain != "public+private" or cfg.optimizer_state != "keep"):
+            raise ConfigError(
+                "setting fedmd.revisit-optimizer = 'private-pretraining' continues the "
+                "optimizer of the private pre-training, which needs fedmd.pretrain = "
+                f"'public+private' (not {self.pretrain!r}) and optimizer-state = 'keep' (not "
+                f"{cfg.optimizer_state!r}); set fedmd.revisit-optimizer = 'own'.")
         if "public" not in self.pretrain:
             return
         if not public_labels(cfg):

@@ -10,7 +10,10 @@ architecture with the same C outputs takes part. The authors' round t:
 3. *digest*: each party fits õ on A_t, one epoch in batches of 256, MAE (Adam 1e-3, its own
    optimizer kept across rounds);
 4. *revisit*: each party trains on its private data (cross-entropy; Adam 1e-3, kept), as the
-   method's recipe says (``batch-size`` 5, ``local-epochs`` 2: the FEMNIST conf).
+   method's recipe says (``batch-size`` 5, ``local-epochs`` 2: the FEMNIST conf). The code's
+   revisit continues the Adam of the private pre-training (one ``compile()`` before it);
+   here it starts at the first revisit unless ``fedmd.revisit-optimizer =
+   "private-pretraining"``.
 
 A Flower round is one message each way, so the steps are laid across rounds: round t's message
 carries the consensus of round t-1 with the indices of A_{t-1}; the client digests it, revisits,
@@ -136,7 +139,8 @@ class FedMDClient(FedClient):
 
     def _fit_with_early_stopping(self, phase: str, x: torch.Tensor, y: torch.Tensor,
                                  epochs: int, batch_size: int, patience: int) -> None:
-        fraction = self.settings.early_stopping_fraction
+        s = self.settings
+        fraction = s.early_stopping_fraction
         # The held-out share: the public one is the same for every client, a shard's its own.
         owner = "all" if phase == "public" else self.partition_id
         order = torch.randperm(len(y), generator=torch.Generator().manual_seed(
@@ -145,7 +149,11 @@ class FedMDClient(FedClient):
         if held >= len(y):
             held = 0  # never hold out everything
         val, fit = order[:held], order[held:]
-        optimizer = recipe_optimizer(self.model.parameters(), self.cfg)  # fresh, as compile()
+        if phase == "private" and s.revisit_optimizer == "private-pretraining":
+            # The authors' code: one compile() before this phase, so the revisits continue it.
+            optimizer = self.optimizer(name="revisit")
+        else:
+            optimizer = recipe_optimizer(self.model.parameters(), self.cfg)  # fresh: compile()
         generator = torch.Generator().manual_seed(
             derive_seed(self.cfg.seed, "fedmd-pretrain", phase, self.partition_id))
         best, waited = -1.0, 0

@@ -36,7 +36,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from client_models.width import build_width_model
 from fedapp.data import setup
 from fedapp.data.local_data import expected_input
 from fedapp.data.partitions import load_client_data
@@ -55,12 +54,8 @@ from strategies.heterofl import HeteroFLSettings
 
 def width_model(cfg, rate: Fraction, input_shape: tuple[int, int, int],
                 num_classes: int) -> nn.Module:
-    """The run's global architecture at ``rate``, sliced from a global model of
-    ``model-width``, with the method's normalisation (HeteroFL: static BN and the Scaler as
-    the settings say; FjORD: per-width BN)."""
-    s: HeteroFLSettings = cfg.settings
-    return build_width_model(s.global_arch, input_shape, num_classes, rate,
-                             width=cfg.model_width, **s.model_options(rate))
+    """The run's global architecture at ``rate`` (``SubmodelSettings.width_model``)."""
+    return cfg.settings.width_model(cfg, rate, input_shape, num_classes)
 
 
 def slice_maps(settings: SubmodelSettings, global_shapes: dict[str, tuple[int, ...]],
