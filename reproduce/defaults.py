@@ -64,7 +64,7 @@ from common import (slug, DEFAULT_SEEDS, DEFAULTS_SETTINGS, ROOT, VERDICT_RULE, 
                     resource_overrides, run_parallel, run_seeds, seeds_option, signed, training,
                     training_caption, verdict, write_generated)
 
-from fedapp.config import toml_value  # noqa: E402
+from fedapp.config import RECIPE_KEYS, toml_value  # noqa: E402
 
 SCRIPT = "reproduce/defaults.py"
 OUT = ROOT / "results" / "defaults"
@@ -160,28 +160,41 @@ def table_rows(every: Sequence[str]) -> list[Row]:
     grounds: dict[str, tuple[dict[str, Any], str, Row | None]] = {
         "standalone": ({}, "", None),
         "standalone-one-arch": (dict(ONE_ARCH), f"{ONE_ARCH['arch-mix']} only", None)}
-    # The Standalone rows trained with a recipe, by (ground, recipe).
+    # The Standalone rows trained with a recipe, by (ground, recipe); the recipe each key is
+    # or varies (a tried change's).
     alone: dict[tuple[str, str], Row] = {}
+    named: dict[str, str] = {}
 
     def own_row(method: str, changed: dict[str, Any], base: str) -> str | None:
         """The key of the Standalone row that trains as ``method`` with ``changed`` does on
         ``base``'s ground (made on first need); ``base`` if that is Standalone's default
-        recipe; None if no recipe's is."""
+        recipe; None if no recipe's is. A tried change to the training itself (FedRE's
+        ``batch-size = 10``) has a Standalone of its own: the method's recipe with it."""
         values = training(method, tuple(changed.items()))
         recipe = recipe_named(values)
-        if recipe is None:
-            return base if values == training("standalone") else None
-        if (base, recipe) not in alone:
+        moved = {k: v for k, v in changed.items() if k in RECIPE_KEYS}
+        mine = recipe_named(training(method))
+        if recipe is None and values == training("standalone"):
+            return base
+        if recipe is not None:
+            key, trains, label = recipe, dict(recipes()[recipe]), recipe_label(recipe)
+        elif moved and mine is not None:
+            key = f"{mine}-{slug(settings_text(moved))}"
+            trains = {**dict(recipes()[mine]), **moved}
+            label = f"{recipe_label(mine)}, with {settings_text(moved)}"
+        else:
+            return None
+        if (base, key) not in alone:
             ground, where, row = grounds[base]
-            alone[base, recipe] = Row(
-                f"{base}-{recipe}",
-                f"standalone ({where + ', ' if where else ''}{recipe_label(recipe)})",
-                "standalone", {**dict(recipes()[recipe]), **ground}, f"{base}-{recipe}",
+            alone[base, key] = Row(
+                f"{base}-{key}", f"standalone ({where + ', ' if where else ''}{label})",
+                "standalone", {**trains, **ground}, f"{base}-{key}",
                 base=base, skip=row.skip if row else ())
             if base not in ("standalone", "standalone-one-arch"):  # after its method's row
-                methods.append(alone[base, recipe])
-        alone[base, recipe].owners += (method,)
-        return alone[base, recipe].key
+                methods.append(alone[base, key])
+            named[key] = recipe or mine
+        alone[base, key].owners += (method,)
+        return alone[base, key].key
 
     def ground_row(method: str) -> str:
         """The key of the Standalone row on ``method``'s public set cut, or training its
@@ -229,8 +242,8 @@ def table_rows(every: Sequence[str]) -> list[Row]:
                                own=own_row(method, changed, "standalone")))
     order = list(recipes())  # the recipes' Standalone rows in their order, one-arch ones last
     first = [alone[k] for k in sorted((k for k in alone if k[0] in (
-        "standalone", "standalone-one-arch")), key=lambda k: (k[0] != "standalone",
-                                                              order.index(k[1])))]
+        "standalone", "standalone-one-arch")), key=lambda k: (
+            k[0] != "standalone", order.index(named[k[1]]), k[1] != named[k[1]]))]
     return [Row("standalone", "standalone", "standalone", {}, "standalone"), *first, *methods]
 
 

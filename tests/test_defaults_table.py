@@ -29,7 +29,12 @@ def test_every_method_is_read_against_a_standalone_row_that_trains_exactly_as_it
     assert {row.key for row in alone if row.base == "standalone" and not row.changed.get(
         "arch-mix") and "public-source" not in row.changed} == {
         f"standalone-{common.recipe_of(m)}" for m in mix if common.recipe_of(m)
-        and m != "fedavg"}
+        and m != "fedavg"} | {"standalone-fedre-recipe-batch-size-10"}
+    # A tried change to a method's training (FedRE's batch of 10) has a Standalone of its own:
+    # the method's recipe with that change.
+    assert by_key["fedre-tried-1"].own == "standalone-fedre-recipe-batch-size-10"
+    assert by_key["standalone-fedre-recipe-batch-size-10"].changed == {
+        **dict(common.recipes()["fedre-recipe"]), "batch-size": 10}
     assert {row.key for row in alone if row.key.startswith("standalone-one-arch-")} == {
         "standalone-one-arch-lg-fedavg-recipe"}
     assert {row.key for row in alone if "holdout" in row.key} == {"standalone-holdout"} | {
@@ -66,7 +71,6 @@ def test_every_method_is_read_against_a_standalone_row_that_trains_exactly_as_it
     assert by_key["fd"].own == by_key["fedtgp"].own == "standalone-htfllib-recipe"
     assert by_key["fedavg"].own == "standalone-one-arch-lg-fedavg-recipe"
     assert by_key["fedre-tried-0"].own == "standalone-fedre-recipe"  # a server setting only
-    assert by_key["fedre-tried-1"].own is None  # batches of 10 at FedRE's lr: no recipe's
 
 
 def test_every_recorded_run_is_still_a_run_of_the_table():
