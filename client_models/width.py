@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import HeteroModel, ModelConfigError, check_common_args
+from .base import HeteroModel, ModelConfigError, check_common_args, too_small
 from .resnets import RESNET_STAGE_BLOCKS
 
 CONV_WIDTHS = (64, 128, 256, 512)  # HeteroFL's cfg['conv']['hidden_size']
@@ -137,16 +137,20 @@ def set_width(model: nn.Module, p: Fraction | None) -> None:
 
 
 def _check_input(body: nn.Module, input_shape: tuple[int, int, int], arch: str) -> None:
-    """Refuse an input the poolings shrink to nothing. A batch of two zeros: static BNs use
-    batch statistics even in evaluation, which a single 1x1 map does not have (the zoo's
-    ``probe_output_shape`` sends one image)."""
-    try:
-        with torch.no_grad():
-            body(torch.zeros(2, *input_shape))
-    except (RuntimeError, ValueError) as error:
-        raise ModelConfigError(
-            f"input_shape={tuple(input_shape)} is too small for {arch!r}: "
-            f"{str(error).strip().splitlines()[0]}") from None
+    """Refuse an input the poolings shrink to nothing, naming the smallest that works. A batch
+    of two zeros: static BNs use batch statistics even in evaluation, which a single 1x1 map
+    does not have (the zoo's ``probe_output_shape`` sends one image)."""
+    def error_of(shape: tuple[int, int, int]) -> str:
+        try:
+            with torch.no_grad():
+                body(torch.zeros(2, *shape))
+        except (RuntimeError, ValueError) as error:
+            return str(error).strip().splitlines()[0]
+        return ""
+
+    torch_error = error_of(input_shape)
+    if torch_error:
+        raise too_small(input_shape, arch, torch_error, lambda shape: not error_of(shape))
 
 
 def _norm(kind: str, channels: int) -> nn.Module:
