@@ -343,18 +343,18 @@ def test_fjord_tiers_default_to_five_uniform_blocks_and_must_be_widths():
         cfg_of(method="fjord", **SMALL, **{"fjord.rates": "0.5"})
     with pytest.raises(ConfigError, match="must include 1"):
         cfg_of(method="fjord", **SMALL, **{"fjord.widths": "0.2,0.5", "fjord.rates": "0.5"})
-    with pytest.raises(ConfigError, match="heterofl-conv only"):
-        cfg_of(method="fjord", **SMALL, **{"fjord.global-arch": "heterofl-resnet10"})
 
 
-def test_ordered_dropout_at_width_p_is_the_width_p_sub_model():
+@pytest.mark.parametrize("arch", ["heterofl-conv", "heterofl-resnet10"])
+def test_ordered_dropout_at_width_p_is_the_width_p_sub_model(arch):
     # The p_max = 1 model run at p = 2/5 computes what the model built at 2/5 does with the
-    # leading slice and width 2/5's statistics: ordered dropout, its head and per-width BN.
+    # leading slice and width 2/5's statistics: ordered dropout, its head and per-width BN
+    # (in the ResNet: every convolution, the shortcuts' too, and every pre-activation BN).
     from client_models.width import set_width
     torch.manual_seed(0)
     options = {"norm": "per-width", "scaler": False, "od_widths": FIFTHS}
-    full = build_width_model("heterofl-conv", (1, 8, 8), 10, 1, **options)
-    part = build_width_model("heterofl-conv", (1, 8, 8), 10, Fraction(2, 5), **options)
+    full = build_width_model(arch, (1, 8, 8), 10, 1, **options)
+    part = build_width_model(arch, (1, 8, 8), 10, Fraction(2, 5), **options)
     with torch.no_grad():  # statistics of their own for every width
         for name, buffer in full.named_buffers():
             buffer.copy_(torch.rand(buffer.shape) + 0.5)
@@ -392,14 +392,17 @@ def test_fjord_averages_nested_slices_by_samples_over_the_clients_holding_them()
     assert np.all(after["head.weight"][:, :205] == 4.0) and np.all(after["head.weight"][:, 205:] == 1.0)
 
 
-def test_fjord_client_receives_and_sends_its_slice_and_the_server_scores_every_width(tmp_path):
+@pytest.mark.parametrize("arch", ["heterofl-conv", "heterofl-resnet10"])
+def test_fjord_client_receives_and_sends_its_slice_and_the_server_scores_every_width(tmp_path,
+                                                                                      arch):
     fed, recorder = recorded_federation(tmp_path, "fjord", rounds=1, **SMALL, model_width=0.25,
-                                        **{"fjord.rates": "0.2,0.6,1"})
+                                        **{"fjord.rates": "0.2,0.6,1",
+                                           "fjord.global-arch": arch})
     seen = fed.fit_round(1)
     fed.evaluate_round(1)
     for pid, (down, res) in seen.items():
         rate = (Fraction(1, 5), Fraction(3, 5), Fraction(1))[pid]
-        model = build_width_model("heterofl-conv", (1, 8, 8), 10, rate, width=0.25,
+        model = build_width_model(arch, (1, 8, 8), 10, rate, width=0.25,
                                   **fed.cfg.settings.model_options(rate))
         size = sum(v.numel() for v in model.state_dict().values())
         assert sum(v.nbytes for v in down.values()) == 4 * size
