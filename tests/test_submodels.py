@@ -199,7 +199,7 @@ def test_dynamic_rates_are_redrawn_each_round_from_a_keyed_stream():
     ({"heterofl.rates": "a1-x1"}, ["unknown level"]),
     ({"heterofl.rates": "a,b,c", "heterofl.rate-mode": "dynamic"}, ["not one", "fix"]),
     ({"heterofl.global-arch": "cnn1"}, ["cannot be sliced", "heterofl-conv"]),
-    ({"robust-aggregation": "median"}, ["slice", "not implemented"]),
+    ({"robust-aggregation": "krum"}, ["sub-model", "coordinate-wise rules apply"]),
     ({"heterofl.rates": "a1-e1", "heterofl.rate-mode": "dynamic", "optimizer-state": "keep"},
      ["optimizer-state = 'keep'", "dynamic rate", "'fresh'"]),
 ])
@@ -390,6 +390,44 @@ def test_fjord_averages_nested_slices_by_samples_over_the_clients_holding_them()
     assert np.all(after["extractor.2.running_mean_0"] == 4.0)
     assert np.all(after["extractor.2.running_mean_2"] == 1.0)
     assert np.all(after["head.weight"][:, :205] == 4.0) and np.all(after["head.weight"][:, 205:] == 1.0)
+
+
+def test_held_coordinates_combine_each_coordinate_over_its_holders_only():
+    # Four clients, three coordinates: held by all four, by two, by none (NaN: not held).
+    from fedapp.runtime.aggregate import Robust, held_coordinates
+    stack = np.array([[1.0, 5.0, np.nan], [2.0, np.nan, np.nan], [3.0, 7.0, np.nan],
+                      [100.0, np.nan, np.nan]])
+    median = held_coordinates(stack, Robust("median"))
+    assert median[0] == 2.5 and median[1] == 6.0 and np.isnan(median[2])
+    # int(0.25 * 4) = 1 cut at each end of the first: (2 + 3) / 2; int(0.25 * 2) = 0 of the
+    # second: its mean.
+    trimmed = held_coordinates(stack, Robust("trimmed-mean", trim_fraction=0.25))
+    assert trimmed[0] == 2.5 and trimmed[1] == 6.0 and np.isnan(trimmed[2])
+
+
+@pytest.mark.parametrize("rule,inside,outside", [("median", 3.5, 2.0),
+                                                 ("trimmed-mean", 3.5, 2.0)])
+def test_a_robust_rule_combines_each_coordinate_over_the_clients_holding_it(rule, inside,
+                                                                           outside):
+    # FjORD, four clients: three at p_max 1 uploading 1, 2 and 1000 everywhere, one at 0.4
+    # uploading 5. The 0.4 slice is held by all four: median (1, 2, 5, 1000) = 3.5, trimmed
+    # (beta 0.34: int(1.36) = 1 cut at each end) (2 + 5) / 2 = 3.5; the rest by three: the
+    # median 2, and int(1.02) = 1 cut at each end leaves 2.
+    strategy = make_strategy("fjord", sizes=[10, 10, 10, 30], **{**SMALL, "num_clients": 4},
+                             **{"fjord.rates": "1,1,1,0.4", "robust_aggregation": rule,
+                                "robust_trim_fraction": 0.34})
+    manager, proxies = client_manager(strategy)
+    strategy.configure_fit(1, None, manager)
+    values = [1.0, 2.0, 1000.0, 5.0]
+    uploads = {p: _constant(strategy.slice_shapes(Fraction(2, 5) if p == 3 else Fraction(1)),
+                            values[p]) for p in range(4)}
+    strategy.aggregate_fit(1, [(proxies[p], fit_res(u, [10, 10, 10, 30][p], p, "resnet10"))
+                               for p, u in uploads.items()], [])
+    assert strategy._counts["rejected"] == 0
+    conv2 = strategy.global_model["extractor.5.weight"][:, :, 0, 0]  # [128, 64]; 0.4: [:52, :26]
+    expected = np.full((128, 64), outside, np.float32)
+    expected[:52, :26] = inside
+    assert np.array_equal(conv2, expected)
 
 
 @pytest.mark.parametrize("arch", ["heterofl-conv", "heterofl-resnet10"])
