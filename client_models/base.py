@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -136,28 +137,27 @@ def probe_output_shape(body: nn.Module, input_shape: tuple[int, int, int], arch:
     """
     shape, torch_error = _try_output_shape(body, input_shape)
     if shape is None:
-        # Search for the smallest square size that works, to say what *is* allowed.  Inputs
-        # of real datasets are far above it, so a small search range is enough.
-        channels, height, width = input_shape
-        smallest = next(
-            (s for s in range(min(height, width) + 1, _MAX_PROBED_SIZE + 1)
-             if _try_output_shape(body, (channels, s, s))[0] is not None),
-            None,
-        )
-        hint = (
-            f"the smallest square input that works is {smallest}x{smallest}"
-            if smallest
-            else f"no square input up to {_MAX_PROBED_SIZE}x{_MAX_PROBED_SIZE} works "
-            f"({torch_error})"
-        )
-        raise ModelConfigError(
-            f"input_shape={tuple(input_shape)} is too small for {arch!r}: its convolutions and "
-            f"poolings shrink the image to nothing; {hint}"
-        )
+        raise too_small(input_shape, arch, torch_error,
+                        lambda size: _try_output_shape(body, size)[0] is not None)
     return shape
 
 
 _MAX_PROBED_SIZE = 64
+
+
+def too_small(input_shape: tuple[int, int, int], arch: str, torch_error: str,
+              works: Callable[[tuple[int, int, int]], bool]) -> ModelConfigError:
+    """The error for an input that a model's down-sampling shrinks to nothing, naming the
+    smallest square input that ``works`` accepts (searched above the given one: inputs of real
+    datasets are far above it, so a small search range is enough)."""
+    channels, height, width = input_shape
+    smallest = next((s for s in range(min(height, width) + 1, _MAX_PROBED_SIZE + 1)
+                     if works((channels, s, s))), None)
+    hint = (f"the smallest square input that works is {smallest}x{smallest}" if smallest
+            else f"no square input up to {_MAX_PROBED_SIZE}x{_MAX_PROBED_SIZE} works "
+            f"({torch_error})")
+    return ModelConfigError(f"input_shape={tuple(input_shape)} is too small for {arch!r}: its "
+                            f"convolutions and poolings shrink the image to nothing; {hint}")
 
 
 def _try_output_shape(

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import HeteroModel, ModelConfigError, check_common_args
+from .base import HeteroModel, ModelConfigError, check_common_args, too_small
 from .resnets import RESNET_STAGE_BLOCKS
 
 CONV_WIDTHS = (64, 128, 256, 512)  # HeteroFL's cfg['conv']['hidden_size']
@@ -137,16 +138,20 @@ def set_width(model: nn.Module, p: Fraction | None) -> None:
 
 
 def _check_input(body: nn.Module, input_shape: tuple[int, int, int], arch: str) -> None:
-    """Refuse an input the poolings shrink to nothing. A batch of two zeros: static BNs use
-    batch statistics even in evaluation, which a single 1x1 map does not have (the zoo's
-    ``probe_output_shape`` sends one image)."""
-    try:
-        with torch.no_grad():
-            body(torch.zeros(2, *input_shape))
-    except (RuntimeError, ValueError) as error:
-        raise ModelConfigError(
-            f"input_shape={tuple(input_shape)} is too small for {arch!r}: "
-            f"{str(error).strip().splitlines()[0]}") from None
+    """Refuse an input the poolings shrink to nothing, naming the smallest that works. A batch
+    of two zeros: static BNs use batch statistics even in evaluation, which a single 1x1 map
+    does not have (the zoo's ``probe_output_shape`` sends one image)."""
+    def error_of(shape: tuple[int, int, int]) -> str:
+        try:
+            with torch.no_grad():
+                body(torch.zeros(2, *shape))
+        except (RuntimeError, ValueError) as error:
+            return str(error).strip().splitlines()[0]
+        return ""
+
+    torch_error = error_of(input_shape)
+    if torch_error:
+        raise too_small(input_shape, arch, torch_error, lambda shape: not error_of(shape))
 
 
 def _norm(kind: str, channels: int) -> nn.Module:
@@ -189,17 +194,21 @@ def build_heterofl_conv(input_shape: tuple[int, int, int], num_classes: int, rat
 
 class PreActBlock(nn.Module):
     """HeteroFL's ``Block``: pre-activation BasicBlock; the shortcut (a 1x1 conv when the
-    shape changes) reads the block's first BN-ReLU output, as the code's."""
+    shape changes) reads the block's first BN-ReLU output, as the code's. Its convolutions
+    are ordered-dropout ones (plain convolutions unless a width is set: FjORD's)."""
 
-    def __init__(self, in_planes: int, planes: int, stride: int, rate: Fraction, norm: str,
-                 scaler: bool) -> None:
+    def __init__(self, in_planes: int, planes: int, stride: int, rate: Fraction,
+                 norm: Callable[[int, int], nn.Module], scaler: bool, global_in: int,
+                 global_planes: int) -> None:
         super().__init__()
-        self.n1 = _norm(norm, in_planes)
-        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride, 1, bias=False)
-        self.n2 = _norm(norm, planes)
-        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.n1 = norm(in_planes, global_in)
+        self.conv1 = ODConv2d(in_planes, planes, 3, stride, 1, bias=False,
+                              global_out=global_planes)
+        self.n2 = norm(planes, global_planes)
+        self.conv2 = ODConv2d(planes, planes, 3, 1, 1, bias=False, global_out=global_planes)
         self.scaler = Scaler(rate) if scaler else nn.Identity()
-        self.shortcut = (nn.Conv2d(in_planes, planes, 1, stride, bias=False)
+        self.shortcut = (ODConv2d(in_planes, planes, 1, stride, bias=False,
+                                  global_out=global_planes)
                          if stride != 1 or in_planes != planes else None)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -213,10 +222,10 @@ class PreActBlock(nn.Module):
 class PreActTail(nn.Module):
     """The last BN-ReLU before pooling (HeteroFL's ``n4`` with its Scaler)."""
 
-    def __init__(self, channels: int, rate: Fraction, norm: str, scaler: bool) -> None:
+    def __init__(self, n4: nn.Module, rate: Fraction, scaler: bool) -> None:
         super().__init__()
         self.scaler = Scaler(rate) if scaler else nn.Identity()
-        self.n4 = _norm(norm, channels)
+        self.n4 = n4
 
     def forward(self, x: Tensor) -> Tensor:
         return F.relu(self.n4(self.scaler(x)))
@@ -224,23 +233,38 @@ class PreActTail(nn.Module):
 
 def build_heterofl_resnet(arch: str, input_shape: tuple[int, int, int], num_classes: int,
                           rate: Fraction, norm: str = "static", scaler: bool = True,
-                          width: float = 1.0) -> HeteroModel:
+                          width: float = 1.0, od_widths: tuple[Fraction, ...] = ()
+                          ) -> HeteroModel:
     blocks = RESNET_STAGE_BLOCKS[arch.removeprefix("heterofl-")]
-    widths = [width_channels(w, rate) for w in global_widths(RESNET_WIDTHS, width)]
-    layers: list[nn.Module] = [nn.Conv2d(input_shape[0], widths[0], 3, 1, 1, bias=False)]
-    in_planes = widths[0]
-    for planes, count, stride in zip(widths, blocks, (1, 2, 2, 2)):
+    full = global_widths(RESNET_WIDTHS, width)
+    widths = [width_channels(w, rate) for w in full]
+    # FjORD (norm "per-width"): the widths of P this model can run at, by their index in P.
+    allowed = {i: p for i, p in enumerate(od_widths) if p <= rate}
+
+    def norm_of(channels: int, global_channels: int) -> nn.Module:
+        return (PerWidthBN(channels, global_channels, allowed) if norm == "per-width"
+                else _norm(norm, channels))
+
+    layers: list[nn.Module] = [ODConv2d(input_shape[0], widths[0], 3, 1, 1, bias=False,
+                                        global_out=full[0])]
+    in_planes, global_in = widths[0], full[0]
+    for planes, global_planes, count, stride in zip(widths, full, blocks, (1, 2, 2, 2)):
         stage = []
         for i in range(count):
-            stage.append(PreActBlock(in_planes, planes, stride if i == 0 else 1, rate, norm,
-                                     scaler))
-            in_planes = planes
+            stage.append(PreActBlock(in_planes, planes, stride if i == 0 else 1, rate,
+                                     norm_of, scaler, global_in, global_planes))
+            in_planes, global_in = planes, global_planes
         layers.append(nn.Sequential(*stage))
-    layers += [PreActTail(widths[-1], rate, norm, scaler), nn.AdaptiveAvgPool2d(1),
-               nn.Flatten()]
+    layers += [PreActTail(norm_of(widths[-1], full[-1]), rate, scaler),
+               nn.AdaptiveAvgPool2d(1), nn.Flatten()]
     body = nn.Sequential(*layers)
     _check_input(body, input_shape, arch)
-    return HeteroModel(arch, "heterofl-resnet", input_shape, body, widths[-1], num_classes)
+    model = HeteroModel(arch, "heterofl-resnet", input_shape, body, widths[-1], num_classes)
+    if norm == "per-width":  # FjORD's head reads the active width's features; same weights
+        head = ODLinear(widths[-1], num_classes)
+        head.load_state_dict(model.head.state_dict())
+        model.head = head
+    return model
 
 
 WIDTH_FAMILIES: dict[str, str] = {
@@ -282,10 +306,8 @@ def build_width_model(arch: str, input_shape: tuple[int, int, int], num_classes:
     if arch == "heterofl-conv":
         return build_heterofl_conv(shape, int(num_classes), exact, norm, scaler, width,
                                    od_widths)
-    if norm == "per-width":
-        raise ModelConfigError(f"architecture {arch!r} has no ordered-dropout version yet "
-                               "(FjORD's per-width BatchNorm): use heterofl-conv")
-    return build_heterofl_resnet(arch, shape, int(num_classes), exact, norm, scaler, width)
+    return build_heterofl_resnet(arch, shape, int(num_classes), exact, norm, scaler, width,
+                                 od_widths)
 
 
 def parameter_count(model: nn.Module) -> int:

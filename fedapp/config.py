@@ -99,10 +99,13 @@ PAYLOAD_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
                             "each label, so "
                             "there is no average to make robust and no upload or (row, label) "
                             "pair a distance could single out"),
-    "sub-model": ((), "each entry of the global model is averaged over the clients whose "
+    # Each coordinate of the global model is combined over the clients whose slice or prefix
+    # holds it (fedapp.runtime.aggregate.held_coordinates).
+    "sub-model": (("median", "trimmed-mean"),
+                  "each entry of the global model is combined over the clients whose "
                   "sub-model (a width slice or a depth prefix) holds it, a different set of "
-                  "clients per entry, and the robust rules need whole uploads of one shape; a "
-                  "robust rule per entry is not implemented"),
+                  "clients per entry, so only coordinate-wise rules apply; Krum, the geometric "
+                  "median and norm bounding need whole uploads of one shape"),
 }
 
 

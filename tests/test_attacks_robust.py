@@ -174,6 +174,10 @@ def test_bad_attack_and_rule_settings_are_refused(overrides, reason):
     ("felo", {"robust_aggregation": "norm-bound", "robust_norm_bound": 1.0},
      "invalid for method 'felo': its server combines class-rows"),
     ("standalone", {"robust_aggregation": "median"}, "combines no uploads"),
+    ("heterofl", {"robust_aggregation": "krum"},
+     "invalid for method 'heterofl': its server combines sub-model payloads"),
+    ("depthfl", {"robust_aggregation": "geomed"},
+     "invalid for method 'depthfl': its server combines sub-model payloads"),
     ("fedavg", {"attack": "targeted", "malicious_clients": "0", "arch_mix": "cnn5"},
      "invalid for method 'fedavg': it poisons per-class rows"),
     ("fedavg", {"robust_aggregation": "krum", "arch_mix": "cnn5", "num_clients": 4},
@@ -201,6 +205,10 @@ def test_rules_that_apply_are_accepted():
     for rule in ("median", "trimmed-mean", "geomed"):
         cfg_of(method="fedtgp", robust_aggregation=rule)
         cfg_of(method="velo", robust_aggregation=rule)
+    # The sub-model servers combine each coordinate over its holders: coordinate-wise rules.
+    for rule in ("median", "trimmed-mean"):
+        for method in ("heterofl", "fedrolex", "fjord", "depthfl"):
+            cfg_of(method=method, robust_aggregation=rule)
     # The servers that distil from individual uploads filter them: every rule.
     for rule in ("median", "trimmed-mean", "krum", "multi-krum", "geomed", "norm-bound"):
         cfg_of(method="fedgen", num_clients=5, robust_aggregation=rule, robust_norm_bound=1.0)

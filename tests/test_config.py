@@ -145,7 +145,8 @@ def test_an_input_too_small_for_a_methods_own_model_is_refused_before_training(
     flat = {"method": method, "dataset": "synthetic", "synthetic-shape": "1,6,6",
             "num-clients": 5, "arch-mix": "resnet10", **overrides}
     with pytest.raises(ConfigError, match=f"method '{method}' cannot run on synthetic "
-                                          rf"\(1, 6, 6\).*too small for '{model}"):
+                                          rf"\(1, 6, 6\).*too small for '{model}.*the "
+                                          "smallest square input that works is 8x8"):
         prepare(load_config(flat))
 
 

@@ -186,6 +186,19 @@ def test_each_entry_is_averaged_over_the_clients_holding_it_by_hand():
     np.testing.assert_allclose(again["a"], [7.0, 11.0])
 
 
+def test_a_robust_rule_takes_each_entrys_median_over_its_holders_by_hand():
+    from fedapp.runtime.aggregate import Robust
+    old = {"a": np.array([0.0], np.float32), "b": np.array([0.0], np.float32),
+           "c": np.array([3.0], np.float32)}
+    h = {k: np.zeros(1) for k in "abc"}
+    ups = [{"a": np.array([1.0], np.float32), "b": np.array([4.0], np.float32)},
+           {"a": np.array([2.0], np.float32), "b": np.array([6.0], np.float32)},
+           {"a": np.array([1000.0], np.float32)}]  # a deep client's poisoned prefix
+    new, _ = aggregate_prefixes(old, ups, h, 0.1, 4, feddyn=False, robust=Robust("median"))
+    assert new["a"].tolist() == [2.0]  # the median of (1, 2, 1000), not their mean 334.3
+    assert new["b"].tolist() == [5.0] and new["c"].tolist() == [3.0]  # two holders; none
+
+
 def test_a_stage_is_averaged_over_exactly_the_clients_deep_enough_to_hold_it():
     strategy = make_strategy("depthfl", sizes=[20] * 4, **SMALL, **{"depthfl.feddyn": False})
     assert strategy.depths == [1, 2, 3, 4]

@@ -199,7 +199,7 @@ def test_dynamic_rates_are_redrawn_each_round_from_a_keyed_stream():
     ({"heterofl.rates": "a1-x1"}, ["unknown level"]),
     ({"heterofl.rates": "a,b,c", "heterofl.rate-mode": "dynamic"}, ["not one", "fix"]),
     ({"heterofl.global-arch": "cnn1"}, ["cannot be sliced", "heterofl-conv"]),
-    ({"robust-aggregation": "median"}, ["slice", "not implemented"]),
+    ({"robust-aggregation": "krum"}, ["sub-model", "coordinate-wise rules apply"]),
     ({"heterofl.rates": "a1-e1", "heterofl.rate-mode": "dynamic", "optimizer-state": "keep"},
      ["optimizer-state = 'keep'", "dynamic rate", "'fresh'"]),
 ])
@@ -343,18 +343,18 @@ def test_fjord_tiers_default_to_five_uniform_blocks_and_must_be_widths():
         cfg_of(method="fjord", **SMALL, **{"fjord.rates": "0.5"})
     with pytest.raises(ConfigError, match="must include 1"):
         cfg_of(method="fjord", **SMALL, **{"fjord.widths": "0.2,0.5", "fjord.rates": "0.5"})
-    with pytest.raises(ConfigError, match="heterofl-conv only"):
-        cfg_of(method="fjord", **SMALL, **{"fjord.global-arch": "heterofl-resnet10"})
 
 
-def test_ordered_dropout_at_width_p_is_the_width_p_sub_model():
+@pytest.mark.parametrize("arch", ["heterofl-conv", "heterofl-resnet10"])
+def test_ordered_dropout_at_width_p_is_the_width_p_sub_model(arch):
     # The p_max = 1 model run at p = 2/5 computes what the model built at 2/5 does with the
-    # leading slice and width 2/5's statistics: ordered dropout, its head and per-width BN.
+    # leading slice and width 2/5's statistics: ordered dropout, its head and per-width BN
+    # (in the ResNet: every convolution, the shortcuts' too, and every pre-activation BN).
     from client_models.width import set_width
     torch.manual_seed(0)
     options = {"norm": "per-width", "scaler": False, "od_widths": FIFTHS}
-    full = build_width_model("heterofl-conv", (1, 8, 8), 10, 1, **options)
-    part = build_width_model("heterofl-conv", (1, 8, 8), 10, Fraction(2, 5), **options)
+    full = build_width_model(arch, (1, 8, 8), 10, 1, **options)
+    part = build_width_model(arch, (1, 8, 8), 10, Fraction(2, 5), **options)
     with torch.no_grad():  # statistics of their own for every width
         for name, buffer in full.named_buffers():
             buffer.copy_(torch.rand(buffer.shape) + 0.5)
@@ -392,14 +392,55 @@ def test_fjord_averages_nested_slices_by_samples_over_the_clients_holding_them()
     assert np.all(after["head.weight"][:, :205] == 4.0) and np.all(after["head.weight"][:, 205:] == 1.0)
 
 
-def test_fjord_client_receives_and_sends_its_slice_and_the_server_scores_every_width(tmp_path):
+def test_held_coordinates_combine_each_coordinate_over_its_holders_only():
+    # Four clients, three coordinates: held by all four, by two, by none (NaN: not held).
+    from fedapp.runtime.aggregate import Robust, held_coordinates
+    stack = np.array([[1.0, 5.0, np.nan], [2.0, np.nan, np.nan], [3.0, 7.0, np.nan],
+                      [100.0, np.nan, np.nan]])
+    median = held_coordinates(stack, Robust("median"))
+    assert median[0] == 2.5 and median[1] == 6.0 and np.isnan(median[2])
+    # int(0.25 * 4) = 1 cut at each end of the first: (2 + 3) / 2; int(0.25 * 2) = 0 of the
+    # second: its mean.
+    trimmed = held_coordinates(stack, Robust("trimmed-mean", trim_fraction=0.25))
+    assert trimmed[0] == 2.5 and trimmed[1] == 6.0 and np.isnan(trimmed[2])
+
+
+@pytest.mark.parametrize("rule,inside,outside", [("median", 3.5, 2.0),
+                                                 ("trimmed-mean", 3.5, 2.0)])
+def test_a_robust_rule_combines_each_coordinate_over_the_clients_holding_it(rule, inside,
+                                                                           outside):
+    # FjORD, four clients: three at p_max 1 uploading 1, 2 and 1000 everywhere, one at 0.4
+    # uploading 5. The 0.4 slice is held by all four: median (1, 2, 5, 1000) = 3.5, trimmed
+    # (beta 0.34: int(1.36) = 1 cut at each end) (2 + 5) / 2 = 3.5; the rest by three: the
+    # median 2, and int(1.02) = 1 cut at each end leaves 2.
+    strategy = make_strategy("fjord", sizes=[10, 10, 10, 30], **{**SMALL, "num_clients": 4},
+                             **{"fjord.rates": "1,1,1,0.4", "robust_aggregation": rule,
+                                "robust_trim_fraction": 0.34})
+    manager, proxies = client_manager(strategy)
+    strategy.configure_fit(1, None, manager)
+    values = [1.0, 2.0, 1000.0, 5.0]
+    uploads = {p: _constant(strategy.slice_shapes(Fraction(2, 5) if p == 3 else Fraction(1)),
+                            values[p]) for p in range(4)}
+    strategy.aggregate_fit(1, [(proxies[p], fit_res(u, [10, 10, 10, 30][p], p, "resnet10"))
+                               for p, u in uploads.items()], [])
+    assert strategy._counts["rejected"] == 0
+    conv2 = strategy.global_model["extractor.5.weight"][:, :, 0, 0]  # [128, 64]; 0.4: [:52, :26]
+    expected = np.full((128, 64), outside, np.float32)
+    expected[:52, :26] = inside
+    assert np.array_equal(conv2, expected)
+
+
+@pytest.mark.parametrize("arch", ["heterofl-conv", "heterofl-resnet10"])
+def test_fjord_client_receives_and_sends_its_slice_and_the_server_scores_every_width(tmp_path,
+                                                                                      arch):
     fed, recorder = recorded_federation(tmp_path, "fjord", rounds=1, **SMALL, model_width=0.25,
-                                        **{"fjord.rates": "0.2,0.6,1"})
+                                        **{"fjord.rates": "0.2,0.6,1",
+                                           "fjord.global-arch": arch})
     seen = fed.fit_round(1)
     fed.evaluate_round(1)
     for pid, (down, res) in seen.items():
         rate = (Fraction(1, 5), Fraction(3, 5), Fraction(1))[pid]
-        model = build_width_model("heterofl-conv", (1, 8, 8), 10, rate, width=0.25,
+        model = build_width_model(arch, (1, 8, 8), 10, rate, width=0.25,
                                   **fed.cfg.settings.model_options(rate))
         size = sum(v.numel() for v in model.state_dict().values())
         assert sum(v.nbytes for v in down.values()) == 4 * size

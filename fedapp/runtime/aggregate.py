@@ -3,6 +3,7 @@ replacements (``robust-aggregation``)."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from logging import WARNING
 from typing import Any, Hashable, Mapping, Sequence, TypeVar
@@ -369,12 +370,45 @@ def filter_uploads(payloads: Sequence[Mapping[str, np.ndarray]], robust: Robust,
     return out, keep
 
 
-def average_where_held(payloads: Sequence[Mapping[str, np.ndarray]]
+def held_coordinates(stack: np.ndarray, robust: Robust) -> np.ndarray:
+    """Per coordinate, the robust combination of the values of the clients that hold it:
+    ``stack`` [n, ...] holds one client's full-size array per row, NaN where that client's
+    sub-model does not hold the coordinate (the sub-model methods: a different set of
+    clients per coordinate). "median": the median of the held values; "trimmed-mean": the
+    mean without the int(beta h) smallest and largest of the h held values. Coordinates held
+    by nobody come back NaN. Counts are ignored, as the coordinate-wise rules elsewhere."""
+    x = np.asarray(stack, np.float64)
+    if robust.rule == "median":
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN: nobody holds it
+            return np.nanmedian(x, axis=0)
+    if robust.rule != "trimmed-mean":
+        raise ValueError(f"robust rule {robust.rule!r} is not a coordinate-wise rule")
+    held = np.sum(~np.isnan(x), axis=0)
+    cut = np.floor(robust.trim_fraction * held).astype(np.int64)
+    ranked = np.sort(x, axis=0)  # NaN last
+    rank = np.arange(len(x)).reshape((-1,) + (1,) * (x.ndim - 1))
+    keep = (rank >= cut) & (rank < held - cut)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(keep, ranked, 0.0).sum(axis=0) / keep.sum(axis=0)
+
+
+def average_where_held(payloads: Sequence[Mapping[str, np.ndarray]],
+                       robust: Robust | None = None
                        ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """({name: the unweighted mean over the payloads that hold it}, {name: how many hold it})
     for every name any payload holds: the sub-model methods' server step (DepthFL's prefixes),
     Σ values and Σ counts per entry. Sums run in float64; means stay float64 (the caller
-    decides the stored dtype)."""
+    decides the stored dtype). With a coordinate-wise ``robust`` rule each entry is that rule
+    over its holders instead of their mean (:func:`held_coordinates`)."""
+    if robust is not None and robust.rule != "none":
+        held: dict[str, list[np.ndarray]] = {}
+        for payload in payloads:
+            for name, value in payload.items():
+                held.setdefault(name, []).append(value)
+        return ({name: held_coordinates(np.stack(values), robust)
+                 for name, values in held.items()},
+                {name: len(values) for name, values in held.items()})
     sums: dict[str, np.ndarray] = {}
     counts: dict[str, int] = {}
     for payload in payloads:

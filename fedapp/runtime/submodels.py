@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedapp.runtime.aggregate import Robust, held_coordinates
 from fedapp.runtime.payload import Payload
 
 INDEX_SCHEMES = ("leading", "rolling")
@@ -94,12 +95,19 @@ class CoordinateAverage:
     ``add(values, maps, weight, rows)``: a client's slice at its coordinates; ``rows``, when
     given, keeps only those output rows of the head (``head.weight``, ``head.bias``: HeteroFL's
     label-split head, where a client adds and counts only its own classes' rows). ``result``:
-    Σ/count where the count is positive, the previous global value elsewhere."""
+    Σ/count where the count is positive, the previous global value elsewhere.
 
-    def __init__(self, global_arrays: Payload) -> None:
+    With a coordinate-wise ``robust`` rule (``robust-aggregation`` "median" or
+    "trimmed-mean") each coordinate is instead that rule over the values of the clients that
+    hold it (:func:`~fedapp.runtime.aggregate.held_coordinates`): every slice is kept at the
+    global model's size, NaN where it holds nothing, for the round."""
+
+    def __init__(self, global_arrays: Payload, robust: Robust | None = None) -> None:
         self.previous = global_arrays
         self.sums = {k: np.zeros(v.shape, np.float64) for k, v in global_arrays.items()}
         self.counts = {k: np.zeros(v.shape, np.float64) for k, v in global_arrays.items()}
+        self.robust = robust if robust is not None and robust.rule != "none" else None
+        self.slices: dict[str, list[np.ndarray]] = {k: [] for k in global_arrays}
 
     def add(self, values: Payload, maps: IndexMap, weight: float = 1.0,
             rows: np.ndarray | None = None) -> None:
@@ -113,6 +121,10 @@ class CoordinateAverage:
             where = np.ix_(*idx)
             self.sums[name][where] += weight * value
             self.counts[name][where] += weight
+            if self.robust is not None:
+                full = np.full(self.previous[name].shape, np.nan, np.float32)
+                full[where] = value
+                self.slices[name].append(full)
 
     # -- secure aggregation: the sums travel, padded to the global model ----------------------
     def padded(self) -> Payload:
@@ -140,7 +152,11 @@ class CoordinateAverage:
             count = self.counts[name]
             held = count > 0
             merged = np.array(previous, dtype=np.float32, copy=True)
-            merged[held] = (self.sums[name][held] / count[held]).astype(np.float32)
+            if self.robust is not None and self.slices[name]:
+                combined = held_coordinates(np.stack(self.slices[name]), self.robust)
+                merged[held] = combined[held].astype(np.float32)
+            else:
+                merged[held] = (self.sums[name][held] / count[held]).astype(np.float32)
             out[name] = merged
         return out
 

@@ -45,7 +45,7 @@ from fedapp.config import RunConfig
 from fedapp.data.local_data import expected_input
 from fedapp.data.setup import model_init_seed
 from fedapp.runtime import secure_aggregation
-from fedapp.runtime.aggregate import average_where_held
+from fedapp.runtime.aggregate import Robust, average_where_held
 from fedapp.runtime.client_base import FedClient, load_arrays, state_arrays
 from fedapp.runtime.payload import ArraySpec, Payload
 from fedapp.runtime.strategy_base import ClientInfo, FedStrategy, Upload
@@ -103,13 +103,14 @@ def feddyn_penalty(model: torch.nn.Module, anchor: dict[str, torch.Tensor],
 
 
 def aggregate_prefixes(global_model: Payload, payloads: list[Payload], h: dict[str, np.ndarray],
-                       alpha: float, num_clients: int, feddyn: bool
-                       ) -> tuple[Payload, dict[str, np.ndarray]]:
+                       alpha: float, num_clients: int, feddyn: bool,
+                       robust: Robust | None = None) -> tuple[Payload, dict[str, np.ndarray]]:
     """(the new global model, the new h) from the round's prefixes: each entry the mean over
-    the payloads holding it; with ``feddyn``, for the entries of ``h`` (the parameters),
-    h <- h - alpha * count * (mean - theta_old) / K and theta = mean - h / alpha. An entry no
-    payload holds keeps its value (and its h)."""
-    means, counts = average_where_held(payloads)
+    the payloads holding it (``robust``: that coordinate-wise rule over them instead); with
+    ``feddyn``, for the entries of ``h`` (the parameters), h <- h - alpha * count * (mean -
+    theta_old) / K and theta = mean - h / alpha. An entry no payload holds keeps its value
+    (and its h)."""
+    means, counts = average_where_held(payloads, robust)
     return feddyn_step(global_model, means, counts, h, alpha, num_clients, feddyn)
 
 
@@ -302,7 +303,7 @@ class DepthFL(FedStrategy):
         s = self.settings
         self.global_model, self.h = aggregate_prefixes(
             self.global_model, [u.payload for u in uploads], self.h, s.feddyn_alpha,
-            self.cfg.num_clients, s.feddyn)
+            self.cfg.num_clients, s.feddyn, self.robust)
 
     def secure_layout(self) -> dict[str, tuple[int, ...]]:
         return padded_layout({name: array.shape for name, array in self.global_model.items()})

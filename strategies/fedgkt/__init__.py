@@ -66,7 +66,6 @@ class FedGKTSettings:
                 raise ConfigError(f"method 'fedgkt' with arch-mix = {cfg.arch_mix!r} and "
                                   f"fedgkt.server-arch = {self.server_arch!r}: {exc}") from None
 
-
     def build_own_models(self, cfg: RunConfig, input_shape: tuple[int, int, int],
                          num_classes: int) -> None:
         """The server model on the clients' maps, which the data set-up builds once: a user's

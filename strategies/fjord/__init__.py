@@ -38,9 +38,6 @@ class FjORDSettings(SubmodelSettings):
             raise ConfigError(f"setting fjord.widths = {self.widths!r} is invalid: it must "
                               "include 1, the global model's width")
         super().check(cfg)
-        if self.global_arch != "heterofl-conv":
-            raise ConfigError(f"setting fjord.global-arch = {self.global_arch!r} is invalid: "
-                              "the ordered-dropout layers exist for heterofl-conv only")
         outside = sorted({float(r) for r in self.plan(cfg).values()} - set(map(float, widths)))
         if outside:
             raise ConfigError(f"setting fjord.rates = {self.rates!r} is invalid: tiers "

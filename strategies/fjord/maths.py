@@ -86,7 +86,7 @@ class FjORD(HeteroFL):
         return None  # FjORD's head is averaged whole
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
-        total = CoordinateAverage(self.global_model)
+        total = CoordinateAverage(self.global_model, self.robust)
         for upload in uploads:
             total.add(upload.payload, self.maps(upload.client.partition_id, server_round),
                       weight=upload.num_examples)

@@ -247,7 +247,7 @@ class HeteroFL(FedStrategy):
                 for name, idx in self.maps(client.partition_id, self.fit_round).items()}
 
     def aggregate(self, server_round: int, uploads: list[Upload]) -> None:
-        total = CoordinateAverage(self.global_model)
+        total = CoordinateAverage(self.global_model, self.robust)
         for upload in uploads:
             total.add(upload.payload, self.maps(upload.client.partition_id, server_round),
                       rows=self.label_rows(upload.client))
