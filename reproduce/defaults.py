@@ -98,7 +98,10 @@ TRIED = {"fedre": [{"fedre.server-batch-size": 1}, {"batch-size": 10}],
                     {"fedgen.server-lr": 0.1, "fedgen.client-weight": 1.0}],
          # FedTGP's paper's headline, the nearest global prototype, which its default replaced
          # by the model's own head (the same training; both are in every run's results).
-         "fedtgp": [{"fedtgp.eval-rule": "nearest-prototype"}]}
+         "fedtgp": [{"fedtgp.eval-rule": "nearest-prototype"}],
+         # FML's private model weighing its own labels more than the authors' 0.5 (alpha = 1
+         # would be local training): how much of its loss is the KL to the meme model.
+         "fml": [{"fml.alpha": 0.75}, {"fml.alpha": 0.9}]}
 PAGES = {"docs/htfl-methods-1.md": ["fd", "fedre", "fedtgp"], "docs/fedgen.md": ["fedgen"],
          "docs/fedl2g.md": ["fedl2g"], "docs/shared-model-methods.md": ["fml", "fedmrl", "fedkd"]}
 
