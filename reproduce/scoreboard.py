@@ -92,6 +92,8 @@ DIAGNOSTICS: dict[str, tuple[str, dict[str, dict[str, Any]], tuple[str, ...]]] =
     "nearest-prototype": ("fedtgp.eval-rule = nearest-prototype, the paper's headline",
                           {"fedtgp": {"fedtgp.eval-rule": "nearest-prototype"}},
                           tuple(SETTINGS)),
+    "global-head": ("fedre.eval-head = global, the method's inference",
+                    {"fedre": {"fedre.eval-head": "global"}}, tuple(SETTINGS)),
 }
 
 

@@ -93,8 +93,9 @@ def test_clients_start_from_the_server_head_and_report_both_heads():
         client.receive(payload, 1)
         np.testing.assert_array_equal(client.model.head.weight.detach().cpu().numpy(),
                                       payload["head.weight"])
-    metrics = fed.evaluate_round(1)
-    assert all("accuracy-own-head" in m for m in metrics.values())
+    metrics = fed.evaluate_round(1)  # the own head is the headline, the server's beside it
+    assert all("accuracy-global-header" in m and "accuracy-own-head" not in m
+               for m in metrics.values())
     head = decode(fed.strategy.configure_fit(2, None, fed.manager)[0][1].parameters)
     assert not np.array_equal(head["head.weight"], sent[0][0]["head.weight"])  # it learnt
 
@@ -103,5 +104,19 @@ def test_the_release_variant_never_sends_the_head():
     fed = InProcessFederation("fedre", **SMALL, **{"fedre.send-head": False})
     sent = fed.fit_round(1)
     assert all(payload == {} for payload, _ in sent.values())
+    metrics = fed.evaluate_round(1)  # one head only: the client's own
+    assert all("accuracy-own-head" not in m and "accuracy-global-header" not in m
+               for m in metrics.values())
+
+
+def test_the_server_head_as_headline_reports_the_own_head_beside_it():
+    fed = InProcessFederation("fedre", **SMALL, **{"fedre.eval-head": "global"})
+    fed.fit_round(1)
     metrics = fed.evaluate_round(1)
-    assert all("accuracy-own-head" not in m for m in metrics.values())
+    assert all("accuracy-own-head" in m and "accuracy-global-header" not in m
+               for m in metrics.values())
+    own = InProcessFederation("fedre", **SMALL)  # the same training, the other headline
+    own.fit_round(1)
+    for pid, m in own.evaluate_round(1).items():
+        assert m["accuracy"] == metrics[pid]["accuracy-own-head"]
+        assert m["accuracy-global-header"] == metrics[pid]["accuracy"]

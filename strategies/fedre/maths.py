@@ -11,9 +11,11 @@ shuffled mixes in batches of ``server-batch-size`` on the soft-label cross-entro
 ``sum_b sum_c w_bc CE(h(r_b), c)`` — summed over the batch, as the authors' code — then sends it
 to every client, which overwrites its own head with it at the start of its next round.
 
-Evaluation reports both heads; the headline is the local extractor with the server's head
-(``fedre.eval-head = "global"``; the release never evaluates, so this follows the method's
-inference), ``accuracy-own-head`` the model after local training.
+Evaluation reports both heads. The headline is the client's model after local training, its
+own head (``fedre.eval-head = "own"``); ``accuracy-global-header`` is the local extractor with
+the server's head, the method's inference (the release never evaluates), the headline with
+``fedre.eval-head = "global"``. The own head is the default by measurement: with the server's
+head the clients lose to local training at the same recipe (docs/htfl-methods-1.md).
 
 Asynchronous: the loss is a sum over mixes, so one SGD step per arriving mix is, to first
 order, the round's step over the batch of mixes; the server can fold in one upload at a time
