@@ -88,10 +88,10 @@ BASELINES = ["standalone", "lg-fedavg", "fedproto", "fedavg"]
 # to tell the cause; where a default was chosen by measurement, the paper's value it replaced
 # (docs/defaults.md explains each): method -> the changed settings of each try.
 TRIED = {  # FedRE's repository's batch of 64 and the server's head as the headline, which its
-         # defaults replaced; with the server stepping once per mix; and the headline alone.
-         "fedre": [{"batch-size": 64, "fedre.eval-head": "global"},
-                   {"batch-size": 64, "fedre.eval-head": "global", "fedre.server-batch-size": 1},
-                   {"fedre.eval-head": "global"}],
+         # defaults replaced; the headline alone; the repository's with the server stepping once
+         # per mix.
+         "fedre": [{"batch-size": 64, "fedre.eval-head": "global"}, {"fedre.eval-head": "global"},
+                   {"batch-size": 64, "fedre.eval-head": "global", "fedre.server-batch-size": 1}],
          # Felo's and Velo's paper's group averaging, which their defaults leave off: it costs
          # them most under sparse participation (reproduce/felo_sparse.py, docs/felo.md).
          "felo": [{"felo.group-avg": True}], "velo": [{"velo.group-avg": True}],
