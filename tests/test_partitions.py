@@ -13,6 +13,7 @@ import torch
 from fedapp.data.datasets import TensorData
 from fedapp.data.partitions import (
     SCHEMES,
+    Partition,
     PartitionError,
     PartitionSpec,
     client_data,
@@ -36,7 +37,7 @@ TRAIN_Y = balanced_labels(N_TRAIN, C, 1)
 TEST_Y = balanced_labels(N_TEST, C, 2)
 
 
-def part(**kw) -> "Partition":  # noqa: F821
+def part(**kw) -> Partition:
     return make_partition(TRAIN_Y, TEST_Y, C, PartitionSpec(**kw))
 
 
