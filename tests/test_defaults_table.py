@@ -30,9 +30,11 @@ def test_every_method_is_read_against_a_standalone_row_that_trains_exactly_as_it
         "arch-mix") and "public-source" not in row.changed} == {
         f"standalone-{common.recipe_of(m)}" for m in mix if common.recipe_of(m)
         and m != "fedavg"} | {"standalone-fedre-recipe-batch-size-64",
-                                "standalone-fedgh-recipe-local-epochs-1"}
+                                "standalone-fedgh-recipe-local-epochs-1",
+                                "standalone-lg-fedavg-recipe-batch-size-10"}
     # A tried change to a method's training (FedRE's repository's batch of 64, FedGH's former
-    # one epoch) has a Standalone of its own: the method's recipe with that change.
+    # one epoch, LG-FedAvg's scripts' batch of 10) has a Standalone of its own: the method's
+    # recipe with that change.
     assert by_key["fedre-tried-0"].own == by_key["fedre-tried-2"].own \
         == "standalone-fedre-recipe-batch-size-64"
     assert by_key["standalone-fedre-recipe-batch-size-64"].changed == {

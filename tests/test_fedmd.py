@@ -113,8 +113,9 @@ def test_the_codes_revisit_continues_the_adam_of_the_private_pretraining():
         record = fed.contexts[0].state[OPTIMIZER_STATE_KEY.format(name="revisit")]
         return int(record.to_torch_state_dict()["0.step"])  # Adam's count, parameter 0
 
-    own = InProcessFederation("fedmd", **SMALL)
-    code = InProcessFederation("fedmd", **{**SMALL,
+    recipe = {**SMALL, "local_epochs": 2}  # FedMD's recipe's, which SMALL replaces by one
+    own = InProcessFederation("fedmd", **recipe)
+    code = InProcessFederation("fedmd", **{**recipe,
                                            "fedmd.revisit-optimizer": "private-pretraining"})
     code.fit_round(1)  # round 1: no revisit, but the pre-training's Adam is kept as its own
     assert steps(code) > 0

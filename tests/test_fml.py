@@ -66,7 +66,7 @@ def test_the_shared_architecture_is_a_setting_checked_before_training():
 
 
 def test_mutual_losses_by_hand():
-    # p = (.5, .5), q = (.9, .1), y = 0, alpha = beta = 0.5.
+    # p = (.5, .5), q = (.9, .1), y = 0; alpha = 0.9 (the default), beta = 0.5.
     o_private = torch.zeros(1, 2, requires_grad=True)
     o_meme = torch.tensor([[math.log(9.0), 0.0]], requires_grad=True)
     y = torch.tensor([0])
@@ -75,8 +75,11 @@ def test_mutual_losses_by_hand():
     settings = FMLSettings()
     l_private, l_meme = mutual_losses(o_private, o_meme, y, settings)
     assert kl_qp == pytest.approx(0.368, abs=1e-3)
-    assert l_private.item() == pytest.approx(0.5 * math.log(2) + 0.5 * kl_qp, rel=1e-6)
+    assert l_private.item() == pytest.approx(0.9 * math.log(2) + 0.1 * kl_qp, rel=1e-6)
     assert l_meme.item() == pytest.approx(0.5 * -math.log(0.9) + 0.5 * kl_pq, rel=1e-6)
+    # The paper's alpha = 0.5: half the private model's loss is its KL to the meme model.
+    paper, _ = mutual_losses(o_private, o_meme, y, FMLSettings(alpha=0.5))
+    assert paper.item() == pytest.approx(0.5 * math.log(2) + 0.5 * kl_qp, rel=1e-6)
     # KLDivLoss's default (HtFLlib) also divides by C = 2: KLm = 0.184.
     assert kl_to(o_meme, o_private, "mean").item() == pytest.approx(kl_qp / 2, rel=1e-6)
     # The partner is held constant: L_theta does not move the meme model ...
