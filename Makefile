@@ -15,8 +15,8 @@ demo: setup
 test: setup
 	.venv/bin/python -m pytest -q -m "not long" --durations=15
 
-# The loopback deployments (TLS, authenticated SuperNodes, a SuperLink killed and resumed) and
-# a Ray cluster: minutes each. CI runs both targets.
+# The loopback deployments (TLS, authenticated SuperNodes, a SuperLink killed and resumed), a Ray
+# cluster, and the simulations killed or stalled on purpose: minutes each. CI runs both targets.
 test-long: setup
 	.venv/bin/python -m pytest -q -m long --durations=5
 

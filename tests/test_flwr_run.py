@@ -362,6 +362,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.long
 def test_killing_fedapp_itself_leaves_no_flower_or_ray_process(tmp_path):
     # Only fedapp is SIGKILLed, mid-run: no handler of its own can run. The SuperLink, the
     # SuperExec, the simulation and Ray (sessions of their own) must all be gone within
@@ -398,6 +399,7 @@ def test_killing_fedapp_itself_leaves_no_flower_or_ray_process(tmp_path):
     assert not left, f"survived fedapp's SIGKILL: {names}"
 
 
+@pytest.mark.long
 def test_a_stalled_client_does_not_make_the_clients_queued_behind_it_fail(tmp_path):
     # robustness.md's case: three clients on two Ray actors, clients stalled for longer than
     # round-timeout (60 s and 20 s here, 40 s and 10 s there: the same case, with room for a
