@@ -4,7 +4,7 @@ the training data as its public set, pre-trained).
 
 Runs conf/fedhe-async-fmnist.toml in synchronous rounds (FedHe's 3 mini-batches of 50 per
 update, Adam 1e-3 kept for the whole run, 500 training samples per client, 30 rounds, every
-client each round) for three rows at equal local work on the private data:
+client each round) for four rows at equal local work on the private data:
 
 - Private: FedHe with ``fedhe.alpha = 0`` (the same 3-batch updates, nothing of the others in
   the loss), as docs/fedhe-async.md runs it;
@@ -12,16 +12,20 @@ client each round) for three rows at equal local work on the private data:
 - FedMD: its revisit is the same 3 batches of 50 with its own Adam kept; it adds what the
   method is, the transfer learning before its first round (public set, then private data,
   early-stopped on held-out training data) and the digest of the consensus on 500 public
-  samples per round.
+  samples per round;
+- FedMD, no digest (``fedmd.digest-epochs = 0``): FedMD's transfer learning and revisits with
+  the consensus ignored, the control that splits FedMD's gain over Private into what its
+  transfer learning adds (this row against Private) and what the collaboration adds (FedMD
+  against this row).
 
 Every row, Private and FedHe included, cuts the same public set (``public-source =
 "train-holdout"``, a seeded stratified 10 % of the training split) before partitioning, so the
-three runs of one seed train on the same client shards and start from the same weights: the
+four runs of one seed train on the same client shards and start from the same weights: the
 differences are paired by seed. IID (the paper's split) and Dirichlet 0.5. Reports the mean over
 clients of the global-test accuracy (the paper's metric) and of the local-test accuracy; writes
 the tables into docs/fedhe.md (between its generated markers).
 
-    .venv/bin/python reproduce/fedhe_fmnist.py                 # 3 seeds, 18 runs
+    .venv/bin/python reproduce/fedhe_fmnist.py                 # 3 seeds, 24 runs
     .venv/bin/python reproduce/fedhe_fmnist.py --splits IID --seeds 0
     .venv/bin/python reproduce/fedhe_fmnist.py --quick         # pipeline check only
 
@@ -44,14 +48,18 @@ QUICK = {**QUICK, "fedmd.pretrain-public-epochs": 1, "fedmd.pretrain-private-epo
 
 SCRIPT = "reproduce/fedhe_fmnist.py"
 PUBLIC = {"public-source": "train-holdout", "public-fraction": 0.1}
+NO_DIGEST = "FedMD, no digest"
 ROWS = [
     (PRIVATE, {"fedhe.alpha": 0.0}),
     ("FedHe", {}),
     ("FedMD", {"method": "fedmd"}),
+    (NO_DIGEST, {"method": "fedmd", "fedmd.digest-epochs": 0}),
 ]
 # The paper's claims: FedHe above both baselines; FedMD against Private is what the public set
-# and the digest add.
-CLAIMS = [("FedHe", PRIVATE), ("FedHe", "FedMD"), ("FedMD", PRIVATE)]
+# and the digest add, which the control splits into the transfer learning (no digest against
+# Private) and the collaboration (FedMD against no digest).
+CLAIMS = [("FedHe", PRIVATE), ("FedHe", "FedMD"), ("FedMD", PRIVATE), (NO_DIGEST, PRIVATE),
+          ("FedMD", NO_DIGEST)]
 
 
 def main() -> None:
@@ -83,7 +91,8 @@ def main() -> None:
     caption = (f"Every row trains each client's private data the same way: "
                f"{training_caption(EQUAL, SYNC)}; a round is one update of every client. "
                "FedMD adds its transfer learning before its first round and the digest of the "
-               "consensus on 500 public samples per round (docs/fedmd.md). Every row cuts the "
+               "consensus on 500 public samples per round (docs/fedmd.md); FedMD, no digest, has "
+               "the transfer learning and not the digest. Every row cuts the "
                "same public set (10 % of the training split, before partitioning).")
     write_generated(doc, SCRIPT, "\n\n".join([f"Produced by `{command}`.", caption,
                                               VERDICT_RULE, *tables]))

@@ -391,14 +391,16 @@ def test_secure_aggregation_survives_a_supernode_killed_mid_round(tmp_path, spaw
     # started again (the run's evaluation goes on with the nodes connected then): the
     # round goes on with the other three after secure-aggregation-timeout, and the global head
     # the server unmasked is the n_k-weighted average of the heads the three survivors trained
-    # (each client's checkpointed state after the round) within the quantisation error.
+    # (each client's checkpointed state after the round) within the quantisation error. The
+    # timeout leaves room for the first stage, where every SuperNode starts its first ClientApp
+    # process (as the lost-SuperNode test's round timeout).
     from fedapp.data import setup
     from fedapp.runtime import checkpoint, secure_aggregation
     from strategies import load_config
 
     supernode, _, _ = _deployment(tmp_path, spawn, sites=4)
     four = ["--set", "num-clients=4", "--set", 'arch-mix="cnn5,cnn4,cnn3,cnn5"',
-            "--set", "secure-aggregation=true", "--set", "secure-aggregation-timeout=30.0",
+            "--set", "secure-aggregation=true", "--set", "secure-aggregation-timeout=60.0",
             "--set", "checkpoint-every=1"]
     run, out = _run_killing(tmp_path, spawn, "secure", "site3", "ROUND 1]",
                             "--set", "num-server-rounds=1", *four)

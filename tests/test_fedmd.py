@@ -210,3 +210,21 @@ def test_a_consensus_round_digests_toward_the_consensus(monkeypatch):
     after = digest_loss(torch.from_numpy(maths.scores(client.model, x)),
                         torch.from_numpy(target), "mae").item()
     assert after < before
+
+
+def test_no_digest_is_the_transfer_learning_alone(monkeypatch):
+    # fedmd.digest-epochs = 0: a consensus round trains exactly as the revisit alone; with the
+    # digest, the same round from the same state ends elsewhere.
+    def after_a_consensus_round(digest_epochs: int) -> tuple[list, InProcessFederation]:
+        fed = InProcessFederation("fedmd", **{**SMALL, "fedmd.digest-epochs": digest_epochs})
+        fed.fit_round(1)
+        fed.fit_round(2)
+        return [p.detach().clone() for p in fed.client(0).model.parameters()], fed
+
+    plain, fed = after_a_consensus_round(0)
+    assert OPTIMIZER_STATE_KEY.format(name="digest") not in fed.contexts[0].state
+    assert OPTIMIZER_STATE_KEY.format(name="revisit") in fed.contexts[0].state
+    assert "term-digest" not in fed.fit_round(3)[0][1].metrics
+    digested, _ = after_a_consensus_round(1)
+    assert any(not torch.equal(a, b) for a, b in zip(plain, digested))
+

@@ -22,7 +22,10 @@ class FedMDSettings:
         "mae", "distance of a model's logits to the consensus in the digest: 'mae' (the "
         "authors' code), 'mse' (FL-bench) or 'kl' (softmax of both, temperature 1)",
         choices=("mae", "mse", "kl"))
-    digest_epochs: int = opt(1, "passes over A_t in the digest (code: 1)", low=1)
+    digest_epochs: int = opt(
+        1, "passes over A_t in the digest (code: 1); 0 = no digest, the consensus ignored: "
+        "FedMD's transfer learning and revisits alone, the control that isolates what the "
+        "collaboration adds", low=0)
     digest_batch_size: int = opt(256, "digest mini-batch (code: 256)", low=1)
     pretrain: str = opt(
         "public+private", "transfer learning before a client's first digest: on the labelled "

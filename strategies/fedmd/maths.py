@@ -31,6 +31,10 @@ the labelled public set (up to 20 epochs, batch 128, patience 3), then on its pr
 to 25 epochs, batch 32, patience 10), a fresh Adam each, with early stopping on a held-out share
 of that same training data (the code monitors the test set: never here). As Keras'
 ``EarlyStopping`` without ``restore_best_weights``, training stops and keeps its last weights.
+
+``fedmd.digest-epochs = 0`` skips the digest: a client then has FedMD's transfer learning and
+revisits and nothing of the others, the control that tells what the consensus adds from what
+the transfer learning adds (Private has neither).
 """
 
 from __future__ import annotations
@@ -106,7 +110,7 @@ class FedMDClient(FedClient):
             pretrained = True
         stats = TrainStats(0.0, 0, 0)
         self.digest = None
-        if self.consensus is not None:
+        if self.consensus is not None and s.digest_epochs > 0:
             x = x_pub[self.consensus_at.to(self.device)]
             self.digest = train_epochs(
                 self.model, x, self.consensus,
