@@ -39,7 +39,7 @@ bench: setup
 # "Produced by" line; tests/test_reproduce_all.py keeps the two in step).
 REPRODUCE = defaults.py felo_sparse.py scoreboard.py "fedclassavg_defaults.py --variants 2" fedgh_fmnist.py \
             fedgh_regimes.py fedclassavg_fmnist.py fedclassavg_diagnosis.py \
-            fedclassavg_longer.py fedhe_async_fmnist.py fedhe_fmnist.py felo_fmnist.py \
+            fedclassavg_longer.py fedhe_async_fmnist.py "fedhe_fmnist.py --splits IID" felo_fmnist.py \
             "compfl_fmnist.py --clients 10" compfl_d2d_fmnist.py privacy_utility.py \
             submodels_fmnist.py
 reproduce: setup
