@@ -116,8 +116,8 @@ def main() -> None:
                                  results[label], lambda s: s["accuracy"]["server"][headline],
                                  global_accuracy) for label in alone]
             # Where a method's clients also read their slice through its label-masked head
-            # (HeteroFL's and FedRolex's `accuracy-masked`, the code's "Local"), that reading
-            # too, on the same local tests: under label skew it is the one the paper reports.
+            # (HeteroFL's and FedRolex's `accuracy-masked`, the code's "Local", which the
+            # paper reports beside "Global" under label skew), that reading too.
             if "masked" in results[name][0]["accuracy"].get("variants", {}):
                 claims += [claim_line(f"{name} with its label mask", label, results[name],
                                       results[label], masked_accuracy, mean_client_accuracy)
