@@ -93,3 +93,39 @@ def test_names_are_checked_and_a_dynamic_plan_has_no_standalone():
     with pytest.raises(ValueError, match="dynamic"):
         common.submodel_standalone({**BASE, "method": "heterofl",
                                     "heterofl.rate-mode": "dynamic"})
+
+
+def test_fjord_widths_recomputes_each_widths_statistics_on_the_data_it_is_given():
+    """reproduce/fjord_widths.py's second reading: width p's BatchNorm statistics become those
+    of the data, layer by layer, so that the model in evaluation mode computes on that data
+    what it computes in training mode (batch statistics); the first reading changes nothing."""
+    import copy
+    from fractions import Fraction
+
+    import fjord_widths
+    from client_models.width import set_width
+    from strategies.heterofl.maths import width_model
+    run = common.run_config({**BASE, "method": "fjord", "model-width": 0.125})
+    torch.manual_seed(0)
+    model = width_model(run, Fraction(1), SHAPE, CLASSES)
+    x, test = torch.randn(64, *SHAPE) * 3 + 1, (torch.randn(32, *SHAPE), torch.zeros(32).long())
+    before = copy.deepcopy(model.state_dict())
+    fjord_widths.width_accuracies(model, run.settings.width_set(), test)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    fjord_widths.width_accuracies(model, run.settings.width_set(), test, train_x=x)
+    for p in (Fraction(2, 5), Fraction(1)):
+        set_width(model, p if p < 1 else None)
+        batch = copy.deepcopy(model).train()(x)
+        # (up to the variance's n / (n - 1): running statistics keep the unbiased one)
+        assert torch.allclose(model.eval()(x), batch, atol=1e-3), p
+        # The statistics as built (0 and 1) are not the data's: without the recomputation
+        # evaluation mode computes something else.
+        assert not torch.allclose(_evaluated(model, before, x), batch, atol=1e-2), p
+
+
+def _evaluated(model: torch.nn.Module, state: dict, x: torch.Tensor) -> torch.Tensor:
+    """``model`` with ``state`` loaded, in evaluation mode, on ``x`` (at its current width)."""
+    import copy
+    other = copy.deepcopy(model)
+    other.load_state_dict(state)
+    return other.eval()(x)

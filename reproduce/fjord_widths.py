@@ -1,0 +1,256 @@
+"""FjORD's global model at each width on its page's setting, read two ways and trained for two
+lengths: why its full width scores below the narrower ones after 20 rounds (docs/fjord.md).
+
+The paper has the global model's accuracy rise with the width p; the page's runs have p = 1
+lowest. Two candidate causes, each changed alone:
+
+- **the full width's BatchNorm statistics.** Width p's running statistics are averaged over the
+  clients of tier p_max >= p, who update them (momentum 0.1) only on the batches that draw p: at
+  p = 1 two clients of ten, a fifth of their batches. Each run's final global model is read at
+  every width with its statistics as trained (the paper's reading, the run's
+  ``server_accuracy``) and with every width's statistics recomputed in one pass over the union
+  of the clients' training data, the weights untouched;
+- **the outer ring's training.** The channels between p = 0.8 and 1 are trained only on those
+  same batches (about 80 steps in 20 rounds): the same runs at 60 rounds, three times as many.
+
+Each run is the page's FjORD run (``reproduce/submodels_fmnist.py``'s settings: 10 clients of
+at most 300 Fashion-MNIST samples, every client every round) with a checkpoint after its last
+round, from which the global model is read. The 20-round runs are the page's runs again: the
+table says whether they reproduce its width accuracies exactly.
+
+    .venv/bin/python reproduce/fjord_widths.py                 # IID, 20 and 60 rounds, 3 seeds
+    .venv/bin/python reproduce/fjord_widths.py --splits IID "Dirichlet 0.3"
+    .venv/bin/python reproduce/fjord_widths.py --table-only    # runs nothing
+    .venv/bin/python reproduce/fjord_widths.py --quick         # a pipeline check
+
+Finished runs are reused (results/fjord-widths/, else their records; the recomputed readings
+are kept beside the records, in reproduce/records/fjord-widths/statistics/). Writes its table
+between its markers in docs/fjord.md (``--quick``: into the output folder only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+from common import (ROOT, VERDICT_RULE, add_page_options, cell, claim_line,  # noqa: E402
+                    finished, provenance, quick_folder, record_path, resource_overrides,
+                    run_experiment, run_parallel, seeds_option, slug, write_generated)
+from submodels_fmnist import BASE, QUICK, SPLITS  # noqa: E402
+
+SCRIPT = "reproduce/fjord_widths.py"
+ROUNDS = (20, 60)
+# The page's FjORD runs, whose width accuracies the 20-round runs here must reproduce.
+PAGE_RUNS = ROOT / "results" / "reproduce-submodels"
+
+
+def settings_of(split: Mapping[str, Any], rounds: int) -> dict[str, Any]:
+    """The page's FjORD run at ``rounds`` rounds, with a checkpoint after its last one."""
+    return {**BASE, **split, "method": "fjord", "num-server-rounds": rounds,
+            "checkpoint-every": rounds}
+
+
+def accuracy(model: Any, x: Any, y: Any, batch: int = 500) -> float:
+    import torch
+    with torch.no_grad():
+        hits = sum(int((model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum())
+                   for i in range(0, len(y), batch))
+    return hits / len(y)
+
+
+def width_accuracies(model: Any, widths: Sequence[Fraction], test: tuple[Any, Any],
+                     train_x: Any = None) -> dict[str, float]:
+    """{``width-<p>``: accuracy on ``test``} of ``model`` (FjORD's global model, PerWidthBN) at
+    each width: with its BatchNorm statistics as they are, or, given ``train_x``, with width
+    p's statistics first recomputed as the mean and variance of each BatchNorm's input over
+    all of ``train_x`` in one pass (each layer's from the layers below it already recomputed:
+    one batch, evaluation mode, the statistics written just before each layer uses them)."""
+    import torch
+    from client_models.width import PerWidthBN, set_width
+    norms = [m for m in model.modules() if isinstance(m, PerWidthBN)]
+    model.eval()
+    out = {}
+    for p in widths:
+        set_width(model, p if p < 1 else None)
+        if train_x is not None:
+            def recompute(module: PerWidthBN, args: tuple) -> None:
+                i = next(i for i, q in module.widths.items() if q == p)
+                x = args[0]
+                getattr(module, f"running_mean_{i}").copy_(x.mean((0, 2, 3)))
+                getattr(module, f"running_var_{i}").copy_(x.var((0, 2, 3)))
+            hooks = [m.register_forward_pre_hook(recompute) for m in norms]
+            try:
+                with torch.no_grad():
+                    model(train_x)
+            finally:
+                for hook in hooks:
+                    hook.remove()
+        out[f"width-{float(p):g}"] = accuracy(model, *test)
+    set_width(model, None)
+    return out
+
+
+def read_widths(run_dir: Path, settings: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """The final global model of the run in ``run_dir`` (its checkpoint) at every width, its
+    statistics as trained and recomputed on every client's training data."""
+    import torch
+    from fedapp.data import setup
+    from fedapp.data.partitions import load_client_data
+    from fedapp.runtime.checkpoint import load_server
+    from fedapp.runtime.client_base import load_arrays
+    cfg = common.run_config(settings)
+    _, state = load_server(run_dir / "checkpoint")
+    data = setup.dataset(cfg)
+    spec = setup.partition_spec(cfg)
+    train_x = torch.cat([load_client_data(data, spec, pid).train_x
+                         for pid in range(cfg.num_clients)])
+    model = cfg.settings.width_model(cfg, Fraction(1), tuple(data.train_x.shape[1:]),
+                                     data.num_classes)
+    load_arrays(model, state["global_model"])
+    widths, test = cfg.settings.width_set(), setup.global_test(cfg)
+    as_trained = width_accuracies(model, widths, test)
+    return {"as-trained": as_trained,
+            "recomputed": width_accuracies(model, widths, test, train_x)}
+
+
+def statistics_path(out: Path, name: str) -> Path:
+    """Where a run's two readings are kept: beside its record, in a folder of their own (the
+    records folder holds run records only)."""
+    path = record_path(out, name)
+    return path.parent / "statistics" / path.name
+
+
+def readings(out: Path, name: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's two readings: kept ones if any, else read from its checkpoint (and kept,
+    unless ``out`` is a pipeline check's)."""
+    kept = statistics_path(out, name)
+    if kept.exists():
+        return json.loads(kept.read_text())
+    run_dir = out / name
+    if not (run_dir / "checkpoint").is_dir():
+        raise RuntimeError(f"{name}: no checkpoint in {run_dir} and no kept readings in "
+                           f"{kept}: delete the run's folder and record to make it anew")
+    result = {**read_widths(run_dir, settings), "provenance": provenance(made_here=True)}
+    if out.name != common.QUICK:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def check_reading(name: str, summary: Mapping[str, Any], read: Mapping[str, Any]) -> None:
+    """The reading "as trained" is the run's own ``server_accuracy`` of its last round (up to
+    an image whose logits tie within float error across batch sizes): else this script does not
+    read the model the run evaluated."""
+    server = summary["accuracy"]["server"]
+    off = {w: (a, server.get(w)) for w, a in read["as-trained"].items()
+           if server.get(w) is None or abs(a - server[w]) > 0.002}
+    if off:
+        raise RuntimeError(f"{name}: the checkpoint's global model read at each width gives "
+                           f"{off} (reading, the run's server_accuracy): not the run's model")
+
+
+def same_as_page(summaries: Sequence[Mapping[str, Any]], split: str,
+                 seeds: Sequence[int]) -> str:
+    """Whether the 20-round runs' width accuracies are the page's runs' to the last digit."""
+    page = [finished(PAGE_RUNS, f"fjord-{slug(split.split()[0])}-fjord-seed{s}") for s in seeds]
+    if any(p is None for p in page):
+        return "The page's runs of these seeds are not here to compare with."
+    theirs = [json.loads(p.read_text())["accuracy"]["server"] for p in page]
+    mine = [s["accuracy"]["server"] for s in summaries]
+    return ("The 20-round runs reproduce the page's width accuracies exactly at every seed."
+            if mine == theirs else
+            "The 20-round runs do **not** reproduce the page's width accuracies: " + "; ".join(
+                f"seed {s}: {m} against {t}" for s, m, t in zip(seeds, mine, theirs) if m != t))
+
+
+def table(split: str, by_rounds: Mapping[int, list[dict[str, Any]]],
+          seeds: Sequence[int]) -> str:
+    widths = list(next(iter(by_rounds.values()))[0]["as-trained"])
+    lines = [f"### FjORD's global model by width, {split} ({len(seeds)} seed"
+             f"{'s' if len(seeds) > 1 else ''}: "
+             f"{', '.join(map(str, seeds))}; accuracy on the global test set)", "",
+             "| rounds | BatchNorm statistics | " + " | ".join(
+                 f"p = {w.removeprefix('width-')}" for w in widths) + " |",
+             "|---|---|" + "---|" * len(widths)]
+    for rounds, runs in by_rounds.items():
+        for reading, label in (("as-trained", "as trained (the paper's)"),
+                               ("recomputed", "recomputed on all clients' data")):
+            lines.append(f"| {rounds} | {label} | " + " | ".join(
+                cell((r[reading][w] for r in runs), 3) for w in widths) + " |")
+    lines.append("")
+    top, below = widths[-1], widths[-2]
+    for rounds, runs in by_rounds.items():
+        for reading in ("as-trained", "recomputed"):
+            lines.append("- " + claim_line(
+                f"{rounds} rounds, statistics {reading.replace('-', ' ')}: p = 1",
+                f"p = {below.removeprefix('width-')}", runs, runs,
+                lambda r, k=reading: r[k][top], lambda r, k=reading: r[k][below]))
+    for rounds, runs in by_rounds.items():
+        lines.append("- " + claim_line(
+            f"{rounds} rounds, p = 1: statistics recomputed", "as trained", runs, runs,
+            lambda r: r["recomputed"][top], lambda r: r["as-trained"][top]))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--splits", nargs="+", choices=[s for s, _ in SPLITS],
+                        default=["IID"])
+    add_page_options(parser, ROOT / "results" / "fjord-widths")
+    args = parser.parse_args()
+
+    resources, seeds, out = resource_overrides(args), args.seeds, args.out.resolve()
+    extra, doc, rounds_list = {}, ROOT / "docs" / "fjord.md", ROUNDS
+    if args.quick:
+        seeds, out = seeds[:1], quick_folder(out)
+        extra, doc = {k: v for k, v in QUICK.items() if k != "num-server-rounds"}, out / "fjord.md"
+        rounds_list = (2, 4)
+    splits = [(name, s) for name, s in SPLITS if name in args.splits]
+
+    def experiments(split: str, split_settings: dict, rounds: int):
+        return [(None, {**settings_of(split_settings, rounds), **extra, "seed": seed,
+                        **resources}, f"{slug(split.split()[0])}-{rounds}-rounds-seed{seed}")
+                for seed in seeds]
+
+    plan = [(split, s, r) for split, s in splits for r in rounds_list]
+    if not args.table_only:
+        run_parallel([e for p in plan for e in experiments(*p)], out, args.jobs)
+
+    tables, missing = [], []
+    for split, split_settings in splits:
+        by_rounds, summaries = {}, {}
+        for rounds in rounds_list:
+            todo = experiments(split, split_settings, rounds)
+            if args.table_only and any(
+                    finished(out, n) is None or not (statistics_path(out, n).exists()
+                                                      or (out / n / "checkpoint").is_dir())
+                    for _, _, n in todo):
+                missing.append(f"{rounds} rounds under {split}")
+                continue
+            summaries[rounds] = [run_experiment(*e, out) for e in todo]
+            by_rounds[rounds] = [readings(out, n, settings) for _, settings, n in todo]
+            for (_, _, name), run, read in zip(todo, summaries[rounds], by_rounds[rounds]):
+                check_reading(name, run, read)
+        if not by_rounds:
+            continue
+        tables.append(table(split, by_rounds, seeds))
+        if not args.quick and 20 in summaries:
+            tables.append(same_as_page(summaries[20], split, seeds))
+    command = f".venv/bin/python {SCRIPT}" + (" --quick" if args.quick else "") + (
+        seeds_option(args.seeds)) + ("" if args.splits == ["IID"] else " --splits " + " ".join(
+            f'"{s}"' if " " in s else s for s in args.splits))
+    write_generated(doc, SCRIPT, "\n\n".join([
+        f"Produced by `{command}`.", VERDICT_RULE, *tables,
+        *([f"Not run yet at every seed, so not in the tables: {', '.join(missing)}."]
+          if missing else [])]))
+    print(f"[reproduce] wrote {doc}")
+
+
+if __name__ == "__main__":
+    main()
