@@ -56,14 +56,6 @@ def settings_of(split: Mapping[str, Any], rounds: int) -> dict[str, Any]:
             "checkpoint-every": rounds}
 
 
-def accuracy(model: Any, x: Any, y: Any, batch: int = 500) -> float:
-    import torch
-    with torch.no_grad():
-        hits = sum(int((model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum())
-                   for i in range(0, len(y), batch))
-    return hits / len(y)
-
-
 def width_accuracies(model: Any, widths: Sequence[Fraction], test: tuple[Any, Any],
                      train_x: Any = None) -> dict[str, float]:
     """{``width-<p>``: accuracy on ``test``} of ``model`` (FjORD's global model, PerWidthBN) at
@@ -73,6 +65,7 @@ def width_accuracies(model: Any, widths: Sequence[Fraction], test: tuple[Any, An
     one batch, evaluation mode, the statistics written just before each layer uses them)."""
     import torch
     from client_models.width import PerWidthBN, set_width
+    from fedapp.runtime.training import evaluate
     norms = [m for m in model.modules() if isinstance(m, PerWidthBN)]
     model.eval()
     out = {}
@@ -91,7 +84,8 @@ def width_accuracies(model: Any, widths: Sequence[Fraction], test: tuple[Any, An
             finally:
                 for hook in hooks:
                     hook.remove()
-        out[f"width-{float(p):g}"] = accuracy(model, *test)
+        with torch.no_grad():  # the project's evaluation, in the server's batches
+            out[f"width-{float(p):g}"] = evaluate(model, *test)[1]
     set_width(model, None)
     return out
 
