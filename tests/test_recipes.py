@@ -267,7 +267,7 @@ def test_a_fixed_batch_order_repeats_the_data_order_every_pass():
     weights = []
     for seed in (0, 1):
         torch.manual_seed(0)
-        model = torch.nn.Linear(client.data.train_x[0].numel(), 10)
+        model = torch.nn.Linear(client.data.train_x[0].numel(), 10).to(client.data.train_x.device)
         train_recipe(model, client.data.train_x, client.data.train_y,
                      loss_fn=lambda x, y: F.cross_entropy(model(x.flatten(1)), y),
                      optimizer=torch.optim.SGD(model.parameters(), lr=0.1), cfg=client.cfg,

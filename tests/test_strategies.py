@@ -72,7 +72,7 @@ def test_lg_fedavg_also_reports_the_global_head_as_htfllib_evaluates(tmp_path):
     client._take_back_state()
     x, y = client.data.test_x, client.data.test_y
     own = evaluate(client.model, x, y)
-    head = torch.nn.Linear(*client.model.head.weight.shape[::-1])
+    head = torch.nn.Linear(*client.model.head.weight.shape[::-1]).to(x.device)
     load_arrays(head, {k.removeprefix("head."): v for k, v in fed.strategy.global_head.items()})
     with_global = evaluate(torch.nn.Sequential(client.model.extractor, head), x, y)[1]
     assert metrics[0]["accuracy"] == own[1]
