@@ -129,3 +129,22 @@ def _evaluated(model: torch.nn.Module, state: dict, x: torch.Tensor) -> torch.Te
     other = copy.deepcopy(model)
     other.load_state_dict(state)
     return other.eval()(x)
+
+
+def test_a_tried_row_changes_one_setting_of_the_method_on_its_split_only():
+    """reproduce/submodels_fmnist.py's DepthFL row with the distillation ramped over the run's
+    rounds: DepthFL's own settings but that one, on IID only; and the ensemble's claim against
+    the deepest exit reads both from the same runs."""
+    import submodels_fmnist as page
+    iid = page.rows("depthfl", "IID", {"partition": "iid"})
+    own, tried = iid["DepthFL"], iid["DepthFL, distillation ramped over 20 rounds (tried)"]
+    assert {k: v for k, v in tried.items() if own.get(k) != v} == {"depthfl.kd-ramp-rounds": 20}
+    assert set(tried) - set(own) == {"depthfl.kd-ramp-rounds"}
+    assert tried["depthfl.kd-ramp-rounds"] == tried["num-server-rounds"]
+    dirichlet = page.rows("depthfl", "Dirichlet 0.3", {"partition": "dirichlet"})
+    assert [k for k in dirichlet if "tried" in k] == []
+    runs = [{"accuracy": {"server": {"ensemble": e, "exit-1": 0.1, "exit-4": x}}}
+            for e, x in ((0.80, 0.70), (0.82, 0.71), (0.81, 0.69))]
+    line = page.ensemble_claim("DepthFL", runs)
+    assert line.startswith("DepthFL: the global model's ensemble ≥ its deepest exit (exit-4): "
+                           "holds"), line
