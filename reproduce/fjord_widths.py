@@ -11,14 +11,17 @@ lowest. Two candidate causes, each changed alone:
   ``server_accuracy``) and with every width's statistics recomputed in one pass over the union
   of the clients' training data, the weights untouched;
 - **the outer ring's training.** The channels between p = 0.8 and 1 are trained only on those
-  same batches (about 80 steps in 20 rounds): the same runs at 60 rounds, three times as many.
+  same batches (about 80 steps in 20 rounds): the same runs at 60 rounds, three times as many;
+- **too little data for width to pay.** On 300 images a client, a narrow model may learn all
+  a wide one can: the same runs with 1,200 training images a client (20 rounds; four times the
+  steps of every width, the outer ring's included).
 
 Each run is the page's FjORD run (``reproduce/submodels_fmnist.py``'s settings: 10 clients of
 at most 300 Fashion-MNIST samples, every client every round) with a checkpoint after its last
 round, from which the global model is read. The 20-round runs are the page's runs again: the
 table says whether they reproduce its width accuracies exactly.
 
-    .venv/bin/python reproduce/fjord_widths.py                 # IID, 20 and 60 rounds, 3 seeds
+    .venv/bin/python reproduce/fjord_widths.py                 # IID, the three runs, 3 seeds
     .venv/bin/python reproduce/fjord_widths.py --splits IID "Dirichlet 0.3"
     .venv/bin/python reproduce/fjord_widths.py --table-only    # runs nothing
     .venv/bin/python reproduce/fjord_widths.py --quick         # a pipeline check
@@ -45,15 +48,27 @@ from common import (ROOT, VERDICT_RULE, add_page_options, cell, claim_line,  # n
 from submodels_fmnist import BASE, QUICK, SPLITS  # noqa: E402
 
 SCRIPT = "reproduce/fjord_widths.py"
-ROUNDS = (20, 60)
+# (rounds, training samples per client): the page's run, three times its rounds, four times its
+# data. QUICK_VARIANTS: the same three shapes for a pipeline check.
+VARIANTS = ((20, BASE["max-samples-per-client"]), (60, BASE["max-samples-per-client"]),
+            (20, 4 * BASE["max-samples-per-client"]))
+QUICK_VARIANTS = ((2, QUICK["max-samples-per-client"]), (4, QUICK["max-samples-per-client"]),
+                  (2, 2 * QUICK["max-samples-per-client"]))
 # The page's FjORD runs, whose width accuracies the 20-round runs here must reproduce.
 PAGE_RUNS = ROOT / "results" / "reproduce-submodels"
 
 
-def settings_of(split: Mapping[str, Any], rounds: int) -> dict[str, Any]:
-    """The page's FjORD run at ``rounds`` rounds, with a checkpoint after its last one."""
+def settings_of(split: Mapping[str, Any], rounds: int, samples: int) -> dict[str, Any]:
+    """The page's FjORD run at ``rounds`` rounds and at most ``samples`` training samples a
+    client, with a checkpoint after its last round."""
     return {**BASE, **split, "method": "fjord", "num-server-rounds": rounds,
-            "checkpoint-every": rounds}
+            "max-samples-per-client": samples, "checkpoint-every": rounds}
+
+
+def variant_label(rounds: int, samples: int, base_samples: int) -> str:
+    """A variant's name in the table: its rounds, and its samples where not the page's."""
+    return f"{rounds} rounds" + ("" if samples == base_samples else
+                                 f", {samples:,} samples a client")
 
 
 def width_accuracies(model: Any, widths: Sequence[Fraction], test: tuple[Any, Any],
@@ -163,31 +178,33 @@ def same_as_page(summaries: Sequence[Mapping[str, Any]], split: str,
                 f"seed {s}: {m} against {t}" for s, m, t in zip(seeds, mine, theirs) if m != t))
 
 
-def table(split: str, by_rounds: Mapping[int, list[dict[str, Any]]],
+def table(split: str, by_variant: Mapping[str, list[dict[str, Any]]],
           seeds: Sequence[int]) -> str:
-    widths = list(next(iter(by_rounds.values()))[0]["as-trained"])
+    """The widths' accuracies of each variant (``by_variant``: its label -> its runs' readings)
+    with the claims p = 1 ≥ the next width and recomputed ≥ as trained."""
+    widths = list(next(iter(by_variant.values()))[0]["as-trained"])
     lines = [f"### FjORD's global model by width, {split} ({len(seeds)} seed"
              f"{'s' if len(seeds) > 1 else ''}: "
              f"{', '.join(map(str, seeds))}; accuracy on the global test set)", "",
-             "| rounds | BatchNorm statistics | " + " | ".join(
+             "| run | BatchNorm statistics | " + " | ".join(
                  f"p = {w.removeprefix('width-')}" for w in widths) + " |",
              "|---|---|" + "---|" * len(widths)]
-    for rounds, runs in by_rounds.items():
+    for variant, runs in by_variant.items():
         for reading, label in (("as-trained", "as trained (the paper's)"),
                                ("recomputed", "recomputed on all clients' data")):
-            lines.append(f"| {rounds} | {label} | " + " | ".join(
+            lines.append(f"| {variant} | {label} | " + " | ".join(
                 cell((r[reading][w] for r in runs), 3) for w in widths) + " |")
     lines.append("")
     top, below = widths[-1], widths[-2]
-    for rounds, runs in by_rounds.items():
+    for variant, runs in by_variant.items():
         for reading in ("as-trained", "recomputed"):
             lines.append("- " + claim_line(
-                f"{rounds} rounds, statistics {reading.replace('-', ' ')}: p = 1",
+                f"{variant}, statistics {reading.replace('-', ' ')}: p = 1",
                 f"p = {below.removeprefix('width-')}", runs, runs,
                 lambda r, k=reading: r[k][top], lambda r, k=reading: r[k][below]))
-    for rounds, runs in by_rounds.items():
+    for variant, runs in by_variant.items():
         lines.append("- " + claim_line(
-            f"{rounds} rounds, p = 1: statistics recomputed", "as trained", runs, runs,
+            f"{variant}, p = 1: statistics recomputed", "as trained", runs, runs,
             lambda r: r["recomputed"][top], lambda r: r["as-trained"][top]))
     return "\n".join(lines)
 
@@ -200,42 +217,48 @@ def main() -> None:
     args = parser.parse_args()
 
     resources, seeds, out = resource_overrides(args), args.seeds, args.out.resolve()
-    extra, doc, rounds_list = {}, ROOT / "docs" / "fjord.md", ROUNDS
+    extra, doc, variants = {}, ROOT / "docs" / "fjord.md", VARIANTS
     if args.quick:
         seeds, out = seeds[:1], quick_folder(out)
-        extra, doc = {k: v for k, v in QUICK.items() if k != "num-server-rounds"}, out / "fjord.md"
-        rounds_list = (2, 4)
+        extra = {k: v for k, v in QUICK.items()
+                 if k not in ("num-server-rounds", "max-samples-per-client")}
+        doc, variants = out / "fjord.md", QUICK_VARIANTS
+    base_samples = variants[0][1]
     splits = [(name, s) for name, s in SPLITS if name in args.splits]
 
-    def experiments(split: str, split_settings: dict, rounds: int):
-        return [(None, {**settings_of(split_settings, rounds), **extra, "seed": seed,
-                        **resources}, f"{slug(split.split()[0])}-{rounds}-rounds-seed{seed}")
+    def experiments(split: str, split_settings: dict, rounds: int, samples: int):
+        more = "" if samples == base_samples else f"-{samples}-samples"
+        return [(None, {**settings_of(split_settings, rounds, samples), **extra, "seed": seed,
+                        **resources}, f"{slug(split.split()[0])}-{rounds}-rounds{more}-seed{seed}")
                 for seed in seeds]
 
-    plan = [(split, s, r) for split, s in splits for r in rounds_list]
+    plan = [(split, s, *v) for split, s in splits for v in variants]
     if not args.table_only:
         run_parallel([e for p in plan for e in experiments(*p)], out, args.jobs)
 
     tables, missing = [], []
     for split, split_settings in splits:
-        by_rounds, summaries = {}, {}
-        for rounds in rounds_list:
-            todo = experiments(split, split_settings, rounds)
+        by_variant, page_runs = {}, None
+        for rounds, samples in variants:
+            label = variant_label(rounds, samples, base_samples)
+            todo = experiments(split, split_settings, rounds, samples)
             if args.table_only and any(
                     finished(out, n) is None or not (statistics_path(out, n).exists()
                                                       or (out / n / "checkpoint").is_dir())
                     for _, _, n in todo):
-                missing.append(f"{rounds} rounds under {split}")
+                missing.append(f"{label} under {split}")
                 continue
-            summaries[rounds] = [run_experiment(*e, out) for e in todo]
-            by_rounds[rounds] = [readings(out, n, settings) for _, settings, n in todo]
-            for (_, _, name), run, read in zip(todo, summaries[rounds], by_rounds[rounds]):
+            summaries = [run_experiment(*e, out) for e in todo]
+            by_variant[label] = [readings(out, n, settings) for _, settings, n in todo]
+            for (_, _, name), run, read in zip(todo, summaries, by_variant[label]):
                 check_reading(name, run, read)
-        if not by_rounds:
+            if (rounds, samples) == VARIANTS[0]:
+                page_runs = summaries
+        if not by_variant:
             continue
-        tables.append(table(split, by_rounds, seeds))
-        if not args.quick and 20 in summaries:
-            tables.append(same_as_page(summaries[20], split, seeds))
+        tables.append(table(split, by_variant, seeds))
+        if not args.quick and page_runs is not None:
+            tables.append(same_as_page(page_runs, split, seeds))
     command = f".venv/bin/python {SCRIPT}" + (" --quick" if args.quick else "") + (
         seeds_option(args.seeds)) + ("" if args.splits == ["IID"] else " --splits " + " ".join(
             f'"{s}"' if " " in s else s for s in args.splits))
