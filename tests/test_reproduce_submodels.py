@@ -148,3 +148,26 @@ def test_a_tried_row_changes_one_setting_of_the_method_on_its_split_only():
     line = page.ensemble_claim("DepthFL", runs)
     assert line.startswith("DepthFL: the global model's ensemble ≥ its deepest exit (exit-4): "
                            "holds"), line
+
+
+def test_fedrolex_tried_at_heterofls_recipe_is_read_against_heterofls_runs(tmp_path):
+    """FedRolex's row at HeteroFL's recipe: FedRolex, with HeteroFL's training in every
+    recipe key, on both splits; its claim against HeteroFL's global model is made only from
+    HeteroFL's runs on the same split, and starts none."""
+    import submodels_fmnist as page
+    for split, settings in page.SPLITS:
+        table = page.rows("fedrolex", split, settings)
+        tried = table["FedRolex at HeteroFL's recipe (tried)"]
+        assert tried["method"] == "fedrolex"
+        assert {k: tried[k] for k, _ in common.training("heterofl")} == \
+            dict(common.training("heterofl"))
+        assert (tried["lr"], tried["local-epochs"]) == (0.01, 5)
+    names = []
+
+    def experiments(method, label, settings, split):
+        names.append(method)
+        return [(None, settings, f"{method}-seed{s}") for s in (0, 1)]
+    lines = page.rival_claims("fedrolex", "IID", {"FedRolex": []}, experiments,
+                              dict(page.SPLITS)["IID"], tmp_path)
+    assert names == ["heterofl"]
+    assert lines == ["HeteroFL's runs under IID are not made yet: no claim against it."]
