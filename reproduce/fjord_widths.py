@@ -2,7 +2,7 @@
 lengths: why its full width scores below the narrower ones after 20 rounds (docs/fjord.md).
 
 The paper has the global model's accuracy rise with the width p; the page's runs have p = 1
-lowest. Two candidate causes, each changed alone:
+lowest. Three candidate causes, each changed alone:
 
 - **the full width's BatchNorm statistics.** Width p's running statistics are averaged over the
   clients of tier p_max >= p, who update them (momentum 0.1) only on the batches that draw p: at
