@@ -176,8 +176,9 @@ class DepthFLWork(Work):
         s = cfg.settings
         weight = distillation_weight(rnd, s.kd_ramp_rounds)
         anchor = {k: p.detach().clone() for k, p in model.named_parameters()}
-        h = kept.setdefault("feddyn-h", {k: torch.zeros_like(p)
-                                         for k, p in model.named_parameters()})
+        if "feddyn-h" not in kept:  # h_k starts at zeros, as the client's first message
+            kept["feddyn-h"] = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
+        h = kept["feddyn-h"]
 
         def loss(x, y):
             total = exit_losses(model.exit_logits(x), y, weight, s)
