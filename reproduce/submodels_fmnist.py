@@ -29,6 +29,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import numpy as np
+
 import common
 from common import (ROOT, VERDICT_RULE, add_page_options, claim_line, comparison_table,
                     finished, global_accuracy, mean_client_accuracy, quick_folder,
@@ -92,6 +94,33 @@ def changed(change: dict[str, Any] | str) -> dict[str, Any]:
     return dict(common.training(change)) if isinstance(change, str) else change
 
 
+def client_levels(settings: dict[str, Any]) -> list[str]:
+    """Each client's level in the sub-model run ``settings``, by partition id: its depth
+    (DepthFL) or its width rate (fixed per client; none where rates are drawn each round)."""
+    cfg = common.run_config(settings)
+    if cfg.method == "depthfl":
+        return [f"depth {d}" for d in cfg.settings.client_depths(cfg)]
+    return [f"rate {r}" for r in cfg.settings.plan(cfg).per_client]
+
+
+def by_level_table(levels: list[str], results: dict[str, list[dict[str, Any]]]) -> str:
+    """Each row's clients' local-test accuracy by their level (the mean over a level's clients,
+    mean over seeds): where the mean of a row comes from. The same partition gives each client
+    the same level in every row (Standalone trains exactly the method's client models)."""
+    groups = {lv: [i for i, x in enumerate(levels) if x == lv] for lv in dict.fromkeys(levels)}
+
+    def mean_of(summary: dict[str, Any], ids: list[int]) -> float:
+        return float(np.mean([summary["accuracy"]["per_client"][str(i)] for i in ids]))
+    return "\n".join([
+        "Each row's clients by level: local-test accuracy, the mean over the level's clients "
+        "(how many in brackets), mean over seeds.", "",
+        "| row | " + " | ".join(f"{lv} ({len(ids)})" for lv, ids in groups.items()) + " |",
+        "|---|" + "---|" * len(groups),
+        *(f"| {label} | " + " | ".join(f"{np.mean([mean_of(s, ids) for s in runs]):.3f}"
+                                       for ids in groups.values()) + " |"
+          for label, runs in results.items())])
+
+
 def ensemble_claim(label: str, runs: list[dict[str, Any]]) -> str:
     """``label``'s global ensemble of exits ≥ its deepest exit alone, in the same runs."""
     server = runs[0]["accuracy"]["server"]
@@ -144,6 +173,9 @@ def main() -> None:
         seeds_option(args.seeds))
     for method, by_split in plan.items():
         name, headline, _ = METHODS[method]
+        # Each page's line on where its runs were made counts the runs that page reads (its
+        # rows' and its rival's), not the pages written before it by the same invocation.
+        common.READ.clear()
         tables, missing = [], []
         for split, table in by_split.items():
             results = {}
@@ -180,6 +212,9 @@ def main() -> None:
             tables.append(comparison_table(
                 f"{name}, {split}", results, seeds, [(name, label) for label in alone],
                 metric=mean_client_accuracy, extra_claims=claims))
+            levels = client_levels(table[name])
+            if levels:
+                tables[-1] += "\n\n" + by_level_table(levels, results)
         write_generated(docs / f"{method}.md", SCRIPT, "\n\n".join([
             f"Produced by `{command}` (the claims on the clients read local-test accuracy).",
             VERDICT_RULE, *tables,

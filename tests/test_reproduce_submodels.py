@@ -171,3 +171,24 @@ def test_fedrolex_tried_at_heterofls_recipe_is_read_against_heterofls_runs(tmp_p
                               dict(page.SPLITS)["IID"], tmp_path)
     assert names == ["heterofl"]
     assert lines == ["HeteroFL's runs under IID are not made yet: no claim against it."]
+
+
+def test_the_table_by_level_groups_each_rows_clients_by_the_methods_levels():
+    """reproduce/submodels_fmnist.py's table by level: DepthFL's ten clients in blocks of depths
+    1, 1, 1, 2, 2, 2, 3, 3, 4, 4 and HeteroFL's two per level; each cell the mean over seeds of
+    the mean over that level's clients, every row grouped by the method's levels."""
+    import submodels_fmnist as page
+    depthfl = page.rows("depthfl", "IID", {"partition": "iid"})["DepthFL"]
+    assert page.client_levels(depthfl) == ["depth 1"] * 3 + ["depth 2"] * 3 + [
+        "depth 3"] * 2 + ["depth 4"] * 2
+    heterofl = page.rows("heterofl", "IID", {"partition": "iid"})["HeteroFL"]
+    assert page.client_levels(heterofl)[::2] == [
+        "rate 1", "rate 1/2", "rate 1/4", "rate 1/8", "rate 1/16"]
+
+    def run(*accuracies):
+        return {"accuracy": {"per_client": {str(i): a for i, a in enumerate(accuracies)}}}
+    levels = ["rate 1", "rate 1/2", "rate 1/2"]
+    table = page.by_level_table(levels, {"A": [run(0.9, 0.5, 0.7), run(0.7, 0.4, 0.4)],
+                                         "B": [run(0.1, 0.2, 0.3), run(0.3, 0.2, 0.3)]})
+    assert table.splitlines()[2:] == ["| row | rate 1 (1) | rate 1/2 (2) |", "|---|---|---|",
+                                      "| A | 0.800 | 0.500 |", "| B | 0.200 | 0.250 |"]
