@@ -119,8 +119,9 @@ class UploadLayout:
     rows: tuple[str, ...] = ()     # float arrays [S, ...] whose row i is of class labels[i]
     logits: tuple[str, ...] = ()   # those of ``rows`` whose columns are the classes
     class_in_name: str = ""        # or: one array per class, this regex's group 1 its class
-    fixed: tuple[str, ...] = ()    # arrays a constraint ties (FedRE's mix weights sum to 1):
-                                   # value attacks leave them as they are
+    simplex: tuple[str, ...] = ()  # probability vectors along the last axis (FedRE's mix
+                                   # weights, DS-FL's and KT-pFL's predictions): value attacks
+                                   # act on their logarithm and put them back on the simplex
 
     @property
     def per_class(self) -> bool:

@@ -180,10 +180,13 @@ def test_slow_clients_update_less_and_arrive_stale(tmp_path):
 
 def test_at_most_k_clients_train_at_once(tmp_path):
     _, updates, _ = run_async(tmp_path, "k", async_concurrency=2)
+    most = 0
     for u in updates:
         overlapping = [v for v in updates if v["virtual_start"] < u["virtual_end"]
                        and u["virtual_start"] < v["virtual_end"]]
         assert len(overlapping) <= 2
+        most = max(most, len(overlapping))
+    assert updates and most == 2  # two do train at once: not a serial loop
 
 
 def test_a_hostile_upload_is_rejected_and_the_loop_goes_on(tmp_path, caplog):

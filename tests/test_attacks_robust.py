@@ -104,13 +104,32 @@ def test_targeted_on_prototypes_named_by_class():
     assert list(out) == list(upload)  # the names, hence the counts, are kept
 
 
-def test_fixed_arrays_are_left_to_their_constraint():
+def test_a_probability_vector_is_attacked_on_its_logarithm_and_stays_one():
+    # FedRE's mix weights: sign-flip turns them over (1/w renormalised: 4 and 4/3 of 16/3).
     cfg = cfg_of(method="fedre", attack="sign-flip", malicious_clients="0")
     upload = {"representation": np.array([1.0, -1.0], np.float32),
               "weights": np.array([0.25, 0.75], np.float32), "labels": np.array([1, 2])}
     out = attacks.attack_upload(upload, {}, cfg, 0, 1, 10)
     np.testing.assert_array_equal(out["representation"], [-1.0, 1.0])
-    np.testing.assert_array_equal(out["weights"], [0.25, 0.75])  # still sums to 1
+    np.testing.assert_allclose(out["weights"], [0.75, 0.25], rtol=1e-6)
+    # DS-FL's rows of probabilities, nothing of their name received: scale sharpens each row
+    # (p^2 renormalised: 0.25, 0.0625, 0.0625 of 0.375), sign-flip turns it over (1/p: 2, 4, 4
+    # of 10), noise and collusion move it; every row stays a probability vector the server's
+    # check accepts, and an honest zero stays near zero under a scale.
+    from strategies.dsfl.maths import check_probabilities
+    rows = np.array([[0.5, 0.25, 0.25], [1.0, 0.0, 0.0]], np.float32)
+    expected = {"scale": [[2 / 3, 1 / 6, 1 / 6], [1.0, 0.0, 0.0]],
+                "sign-flip": [[0.2, 0.4, 0.4], [0.0, 0.5, 0.5]]}
+    for attack in ("scale", "sign-flip", "noise", "collude"):
+        cfg = cfg_of(method="dsfl", attack=attack, malicious_clients="0", attack_scale=2.0,
+                     public_source="train-holdout")
+        out = attacks.attack_upload({"probabilities": rows}, {}, cfg, 0, 1, 10)["probabilities"]
+        assert out.dtype == np.float32 and out.shape == rows.shape
+        check_probabilities(out)
+        if attack in expected:
+            np.testing.assert_allclose(out, expected[attack], atol=1e-6)
+        else:
+            assert not np.allclose(out, rows, atol=1e-3)
 
 
 def test_label_flip():
@@ -266,7 +285,12 @@ def test_rule_none_is_the_weighted_average_exactly_and_integers_stay_integers():
             {"v": np.array([0.3, 0.2], np.float32), "n": np.array([6])}]
     plain = robust_average(rows, [2, 5], Robust())
     expected = weighted_average(rows, [2, 5])
-    assert all(np.array_equal(plain[k], expected[k]) for k in expected)
+    assert all(np.array_equal(plain[k], expected[k]) for k in expected) and set(plain) == {"v", "n"}
+    # By hand: (2·0.1 + 5·0.3) / 7 and (2·0.7 + 5·0.2) / 7; the count (2·3 + 5·6) / 7 = 36/7,
+    # rounded and still an integer.
+    np.testing.assert_allclose(plain["v"], [1.7 / 7, 2.4 / 7], rtol=1e-6)
+    assert plain["v"].dtype == np.float32
+    assert plain["n"].dtype == np.int64 and plain["n"].tolist() == [5]
     median = robust_average(rows + [{"v": np.array([9.0, 9.0], np.float32),
                                      "n": np.array([4])}], [1, 1, 1], Robust("median"))
     assert median["n"].dtype == np.int64 and median["n"][0] == 4
@@ -691,11 +715,20 @@ def test_every_methods_attacked_upload_passes_the_servers_checks(method):
     # FedKD's factors are scaled as sent, so its update by the cube: 1e6 would be refused
     # after decoding (the bound holds on what the server uses), 10 is not.
     scale = 10.0 if method == "fedkd" else 1e6
+    from flwr.common import parameters_to_ndarrays
     fed = InProcessFederation(method, **_smoke(method), attack=_attack_for(method),
                               attack_scale=scale, malicious_clients="2")
-    fed.fit_round(1)
+    attacked = parameters_to_ndarrays(fed.fit_round(1)[2][1].parameters)
     assert fed.strategy._counts["rejected"] == 0  # well-formed: it is the point
     assert fed.strategy._counts["clients_fit"] == 3
+    # ... and attacked: client 2 of the same federation without attackers uploads otherwise
+    # (but Standalone's clients, which upload nothing a value attack could change).
+    honest = InProcessFederation(method, **_smoke(method)).fit_round(1)[2][1]
+    honest = parameters_to_ndarrays(honest.parameters)
+    assert len(attacked) == len(honest)
+    changed = any(a.shape != b.shape or not np.array_equal(a, b)
+                  for a, b in zip(attacked, honest))
+    assert changed == (method != "standalone")
 
 
 def _robust_methods():
@@ -709,6 +742,14 @@ def _robust_methods():
             continue
         accepted.append(method)
     return accepted
+
+
+def test_every_method_but_two_takes_the_median():
+    # The list the next test runs over comes from the cards; pinned here, so that a method whose
+    # card starts refusing the median fails instead of leaving the next test quietly. FedGKT's
+    # server trains on per-sample maps of private stems, Standalone's combines nothing.
+    from strategies import METHODS
+    assert _robust_methods() == sorted(set(METHODS) - {"fedgkt", "standalone"})
 
 
 @pytest.mark.parametrize("method", _robust_methods())

@@ -56,7 +56,9 @@ def test_a_run_resumed_after_its_checkpoint_ends_like_the_whole_run(method, tmp_
     again = resumed.evaluate_round(1)
     assert {p: m["accuracy"] for p, m in again.items()} == \
         {p: m["accuracy"] for p, m in final.items()}
-    for got, want in zip(_state_sent(resumed, 1), _state_sent(whole, 3)):
+    got_all, want_all = _state_sent(resumed, 1), _state_sent(whole, 3)
+    assert len(got_all) == len(want_all) > 0
+    for got, want in zip(got_all, want_all):
         assert got.keys() == want.keys()
         assert all(np.array_equal(got[k], want[k]) for k in got)
     assert [h["round"] for h in resumed.strategy.recorder.history] == [1, 2, 3]

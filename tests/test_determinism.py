@@ -57,6 +57,7 @@ def test_a_shared_model_is_the_same_for_the_same_seed(method, rounds):
             fed.fit_round(rnd)
         return fed.strategy.shared_model, fed.evaluate_round(rounds)
     (a, acc_a), (b, acc_b) = run(), run()
+    assert a and a.keys() == b.keys()
     assert all(np.array_equal(a[k], b[k]) for k in a)
     assert {p: m["accuracy"] for p, m in acc_a.items()} == \
         {p: m["accuracy"] for p, m in acc_b.items()}

@@ -309,3 +309,4 @@ def test_group_averaging_is_off_by_default_and_on_in_the_papers_preset():
         assert load_config({"method": method}).settings.group_avg is False
         paper = resolve_settings("felo-fmnist", [f'method="{method}"'])[0]
         assert paper[f"{method}.group-avg"] is True
+        assert load_config(paper).settings.group_avg is True

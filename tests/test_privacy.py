@@ -10,10 +10,6 @@ import math
 import numpy as np
 import pytest
 
-# A dependency (pyproject.toml): an environment installed before it was added needs
-# `pip install -e .` again. Without it a run with differential-privacy is refused (ConfigError).
-pytest.importorskip("dp_accounting", reason="dp-accounting is not installed: pip install -e .")
-
 from fedapp.config import ConfigError
 from fedapp.runtime import checkpoint, privacy
 from fedapp.runtime.payload import decode, from_ndarrays

@@ -184,8 +184,10 @@ def test_fedhe_store_from_hand_computed_sums_grows_as_upload_by_upload():
 
 # -- settings ------------------------------------------------------------------------------------
 def test_the_default_histories_take_secure_aggregation():
-    for method in ("fd", "fedhe"):
-        assert load_config(flat_config(method=method, secure_aggregation=True)).method == method
+    # FD's default "auto" takes "round" in synchronous rounds; FedHe's default keeps "all".
+    for method, history in (("fd", "auto"), ("fedhe", "all")):
+        cfg = load_config(flat_config(method=method, secure_aggregation=True))
+        assert cfg.secure_aggregation is True and cfg.settings.history == history
 
 
 @pytest.mark.parametrize("overrides, words", [

@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-pytest.importorskip("flwr")
 from flwr.supercore.constant import ExecutorType, TaskType  # noqa: E402
 from flwr.supercore.superexec import run_superexec  # noqa: E402
 from flwr.supercore.superexec.executor.types import ExecutionSpec  # noqa: E402

@@ -8,11 +8,16 @@ every other attack transforms the upload a method's client built (:func:`attack_
 by the client base after ``upload()``), so a method needs no line of its own:
 
 - on every float array ``x`` of the upload (integer arrays, labels and counts, are left as
-  they are; so are the arrays a method's card lists as ``fixed``), with ``r`` the array of the
-  same name and shape the client received this round (the global model it started from), else
-  0: ``sign-flip`` sends ``r - (x - r)`` (the update reversed), ``scale`` ``r + s (x - r)``,
-  ``noise`` ``x + N(0, std^2)`` and ``collude`` ``r + std N(0, 1)`` drawn from (seed, round,
-  array name, class) only, so that every colluder sends the same values;
+  they are), with ``r`` the array of the same name and shape the client received this round
+  (the global model it started from), else 0: ``sign-flip`` sends ``r - (x - r)`` (the update
+  reversed), ``scale`` ``r + s (x - r)``, ``noise`` ``x + N(0, std^2)`` and ``collude``
+  ``r + std N(0, 1)`` drawn from (seed, round, array name, class) only, so that every colluder
+  sends the same values. An array a card lists as ``simplex`` (probability vectors along its
+  last axis: FedRE's mix weights, DS-FL's and KT-pFL's predictions) is attacked the same way in
+  log space, ``x`` and ``r`` replaced by their logarithms (``r`` = 0 where nothing of its name
+  came down: the uniform vector's logits), and put back on the simplex by a softmax, so that it
+  stays a probability vector the server accepts: ``scale`` sharpens it (``x^s`` renormalised),
+  ``sign-flip`` turns it over (``1/x`` renormalised: the least likely class first);
 - ``targeted`` acts on the rows the card's ``upload_layout`` declares per class: every class's
   feature row (prototype, representation) becomes the client's row of the target class, and
   every logit row has its own class's column swapped with the target's, so that the server
@@ -71,12 +76,15 @@ def attack_upload(upload: Mapping[str, np.ndarray], received: Mapping[str, np.nd
     else:
         out = {}
         for name, x in upload.items():
-            if x.dtype.kind != "f" or name in layout.fixed:
+            if x.dtype.kind != "f":
                 out[name] = x
                 continue
             r = received.get(name)
             r = r.astype(np.float64) if r is not None and r.shape == x.shape else 0.0
             x64 = x.astype(np.float64)
+            simplex = name in layout.simplex
+            if simplex:  # the attack acts on the logits of a probability vector
+                x64, r = log_probabilities(x64), log_probabilities(r) if np.ndim(r) else 0.0
             if attack == "sign-flip":
                 y = r - (x64 - r)
             elif attack == "scale":
@@ -90,11 +98,26 @@ def attack_upload(upload: Mapping[str, np.ndarray], received: Mapping[str, np.nd
                     cfg.seed, server_round, name, x.shape, row_classes(name, upload, layout))
             else:
                 raise ConfigError(f"setting attack = {attack!r} is not an attack")
-            out[name] = y.astype(x.dtype)
+            out[name] = (softmax(y) if simplex else y).astype(x.dtype)
     # Within the server's bound, so that validation lets it through.
     bound = cfg.upload_max_abs
     return {name: np.clip(x, -bound, bound).astype(x.dtype) if x.dtype.kind == "f" else x
             for name, x in out.items()}
+
+
+# The smallest probability whose logarithm an attack uses: an honest zero (a class a mix leaves
+# out) becomes a logit of about -28, far below every other, and stays near zero after a scale.
+TINY = 1e-12
+
+
+def log_probabilities(p: np.ndarray) -> np.ndarray:
+    return np.log(np.clip(p, TINY, None))
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    """Along the last axis, in float64: rows that sum to 1 within float32's rounding."""
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 def row_classes(name: str, upload: Mapping[str, np.ndarray],

@@ -155,9 +155,10 @@ def private_upload(upload: Mapping[str, np.ndarray], received: Mapping[str, np.n
                    cfg: RunConfig, partition_id: int, server_round: int) -> dict[str, np.ndarray]:
     """Client mode: ``upload`` clipped (its change from ``received``) and noised with
     ``N(0, (2 z S)^2)`` per float value, before it leaves the client. Integer arrays and the
-    card's ``fixed`` arrays (constrained, not data: FedRE's mix weights) go as they are; values
+    card's ``simplex`` arrays (probability vectors, which noise would take off the simplex:
+    FedRE's mix weights, random, not data) go as they are; values
     stay within ``upload-max-abs`` (post-processing), so the server's checks pass."""
-    fixed = cfg.upload_layout.fixed if cfg.upload_layout is not None else ()
+    fixed = cfg.upload_layout.simplex if cfg.upload_layout is not None else ()
     clipped, _ = clip(_changes(upload, received, fixed), cfg.dp_clip_norm)
     rng = noise_rng(cfg, "client", partition_id, server_round)
     std = 2.0 * cfg.dp_noise_multiplier * cfg.dp_clip_norm

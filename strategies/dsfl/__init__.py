@@ -59,6 +59,6 @@ METHOD = Method("distillation-based semi-supervised FL: probabilities on an unla
                 payload_kinds=("model",),
                 secure_aggregation="as-is",
                 # Every row is a probability vector, which the server checks (non-negative,
-                # summing to 1): value attacks leave it as it is, so that it stays well-formed;
-                # a DS-FL attacker poisons its data (label-flip) or its model's predictions.
-                upload_layout=UploadLayout(fixed=("probabilities",)))
+                # summing to 1): value attacks act on its logarithm and put it back on the
+                # simplex, so that it stays well-formed (fedapp.runtime.attacks).
+                upload_layout=UploadLayout(simplex=("probabilities",)))

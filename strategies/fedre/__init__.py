@@ -38,4 +38,4 @@ METHOD = Method("one random convex mix of the class prototypes with its soft lab
                 secure_aggregation=(
                     "its server trains on each client's individual random mixture and its soft "
                     "label"),
-                upload_layout=UploadLayout(fixed=("weights",)))
+                upload_layout=UploadLayout(simplex=("weights",)))

@@ -82,5 +82,5 @@ METHOD = Method("parameterized knowledge transfer for personalised FL: soft pred
                                     "from the individual soft predictions and mixes them per "
                                     "client"),
                 # Every row is a probability vector, which the server checks: value attacks
-                # leave it as it is (as DS-FL's); an attacker poisons its data (label-flip).
-                upload_layout=UploadLayout(fixed=("probabilities",)))
+                # act on its logarithm and keep it one (as DS-FL's).
+                upload_layout=UploadLayout(simplex=("probabilities",)))
