@@ -319,7 +319,7 @@ class RunConfig:
     # -- attacks on purpose, for robustness studies (simulation; fedapp.runtime.attacks): a
     #    fixed set of malicious clients, drawn from the seed, changes what it uploads
     attack: str = _opt(
-        "none", "what the malicious clients do: 'label-flip' trains on labels y -> C-1-y; "
+        "none", "what the malicious clients do: 'none' (default); 'label-flip' trains on labels y -> C-1-y; "
         "'sign-flip' uploads r - (x - r) and 'scale' r + attack-scale (x - r) for every float "
         "array x of the upload, r being the array of that name the client received (else 0); "
         "'noise' adds N(0, attack-noise-std^2); 'targeted' makes every class's row of a "
@@ -461,7 +461,8 @@ class RunConfig:
     wait_for_clients_seconds: int = _opt(
         300, "how long the server waits for num-clients nodes before round 1 (later rounds go "
         "on with those connected, except under differential-privacy)", low=1)
-    output_dir: str = _opt("", "absolute results directory ('' = ~/fedapp-results)")
+    output_dir: str = _opt("", "absolute results directory ('' = ./results with fedapp run, "
+                           "~/fedapp-results with plain flwr run)")
     run_name: str = _opt("", "results sub-folder name ('' = method-dataset-time)")
     tensorboard: bool = _opt(
         False, "also write every round's metrics as TensorBoard scalars in the run folder's "

@@ -35,8 +35,8 @@ class CompFLSettings:
     kd_direction: str = opt("target-first", "L_kd: 'target-first' KL(t || local) (usual KD) or "
                             "'prediction-first' KL(local || t) (the paper's formula as printed)",
                             choices=("target-first", "prediction-first"))
-    kd_teachers: str = opt("own-and-smaller", "distillation ensemble: the own adapted expert "
-                           "and the smaller ones, or only 'smaller' ones (appendix)",
+    kd_teachers: str = opt("own-and-smaller", "distillation ensemble: 'own-and-smaller' (the own "
+                           "adapted expert and the smaller ones) or 'smaller' (appendix)",
                            choices=("own-and-smaller", "smaller"))
     kd_warmup: float = opt(0.1, "fraction of num-server-rounds before KD starts", low=0.0,
                            high=1.0)
