@@ -105,6 +105,7 @@ def test_evaluation_reports_local_and_global_header_accuracy():
     fed = InProcessFederation("fedgh", **PAPER)
     fed.fit_round(1)
     metrics = fed.evaluate_round(1)
+    assert len(metrics) == fed.cfg.num_clients
     for m in metrics.values():
         assert 0 <= m["accuracy"] <= 1 and 0 <= m["accuracy-global-header"] <= 1
 

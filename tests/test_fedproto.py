@@ -59,7 +59,9 @@ def test_loss_adds_lambda_times_distance_to_the_global_prototype():
 def test_nearest_prototype_rule_as_headline():
     fed = InProcessFederation("fedproto", **PAPER, **{"fedproto.eval-rule": "nearest-prototype"})
     fed.fit_round(1)
-    for m in fed.evaluate_round(1).values():
+    metrics = fed.evaluate_round(1)
+    assert len(metrics) == fed.cfg.num_clients
+    for m in metrics.values():
         assert 0 <= m["accuracy"] <= 1 and 0 <= m["accuracy-own-head"] <= 1
         assert "accuracy-nearest-prototype" not in m
 

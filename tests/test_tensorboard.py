@@ -157,6 +157,7 @@ def test_tensorboard_off_writes_no_event_file(tmp_path):
     _rounds(rec, 1, [0.5])
     rec.finish()
     assert not (tmp_path / "run" / SUBDIR).exists()
+    assert (tmp_path / "run" / "rounds.jsonl").exists()  # the run's records are written
 
 
 def test_the_server_app_hands_the_setting_to_its_recorder(tmp_path):
