@@ -41,7 +41,7 @@ REPRODUCE = defaults.py felo_sparse.py scoreboard.py "fedclassavg_defaults.py --
             fedgh_regimes.py fedclassavg_fmnist.py fedclassavg_diagnosis.py \
             fedclassavg_longer.py fedhe_async_fmnist.py "fedhe_fmnist.py --splits IID" felo_fmnist.py \
             "compfl_fmnist.py --clients 10" compfl_d2d_fmnist.py privacy_utility.py \
-            submodels_fmnist.py fjord_widths.py
+            submodels_fmnist.py fjord_widths.py fedrolex_rolling.py
 reproduce: setup
 	.venv/bin/pip install -q -e ".[reproduce]"
 	set -e; for run in $(REPRODUCE); do .venv/bin/python reproduce/$$run; done

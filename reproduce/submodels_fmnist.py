@@ -43,15 +43,6 @@ BASE = {"dataset": "fmnist", "num-clients": 10, "max-samples-per-client": 300,
         "global-test-samples": 1000}
 SPLITS = [("IID", {"partition": "iid"}),
           ("Dirichlet 0.3", {"partition": "dirichlet", "dirichlet-alpha": 0.3})]
-# A split of a page's own, beside SPLITS: FedRolex's candidate cause (its page) is partial
-# participation, where HeteroFL's outer channels, which only the largest slices hold, miss the
-# rounds without a large client and rolling windows train them anyway. A tenth of the clients
-# a round would leave a round one client; 30 % (three of ten) leaves about half the rounds
-# without either rate-1 client. HeteroFL's page runs it too: FedRolex's claim reads its runs.
-# (A split's first word names its runs: "Sparse" is no other split's.)
-SPARSE = ("Sparse: Dirichlet 0.3, 30 % a round",
-          {"partition": "dirichlet", "dirichlet-alpha": 0.3, "fraction-fit": 0.3})
-PAGE_SPLITS = {"heterofl": [SPARSE], "fedrolex": [SPARSE]}
 # method -> (its name in the tables, the server model its paper reports, what its runs set
 # beyond BASE: DepthFL on the 4-block CNN with an exit per block, the spec's other model for
 # Fashion-MNIST beside a quarter-width ResNet-18: the layout of the width methods' global
@@ -69,7 +60,7 @@ METHODS = {"heterofl": ("HeteroFL", "global", {}), "fedrolex": ("FedRolex", "glo
 TRIED = {"depthfl": {"IID": {"DepthFL, distillation ramped over 20 rounds (tried)":
                              {"depthfl.kd-ramp-rounds": 20}}},
          "fedrolex": {split: {"FedRolex at HeteroFL's recipe (tried)": "heterofl"}
-                      for split in ("IID", "Dirichlet 0.3", SPARSE[0])}}
+                      for split in ("IID", "Dirichlet 0.3")}}
 # The method a page's paper argues against, read from its own runs on the same split: each
 # row's global model against the rival's (the paper's metric), where those runs are made.
 RIVALS = {"fedrolex": "heterofl"}
@@ -172,10 +163,7 @@ def main() -> None:
         return [(None, {**settings, "seed": seed, **extra, **resources}, f"{name}-seed{seed}")
                 for seed in seeds]
 
-    def page_splits(method: str) -> list[tuple[str, dict[str, Any]]]:
-        return splits + ([] if args.quick else PAGE_SPLITS.get(method, []))
-
-    plan = {m: {split: rows(m, split, s) for split, s in page_splits(m)} for m in args.methods}
+    plan = {m: {split: rows(m, split, s) for split, s in splits} for m in args.methods}
     if not args.table_only:
         run_parallel([e for m, by_split in plan.items() for split, table in by_split.items()
                       for label, settings in table.items()
@@ -215,7 +203,7 @@ def main() -> None:
                            for label in alone]
             if method in RIVALS:
                 claims += rival_claims(method, split, results, experiments,
-                                       dict(page_splits(method))[split], out)
+                                       dict(splits)[split], out)
             # Where the paper's metric is an ensemble of exits (DepthFL's), whether it beats
             # the deepest exit alone, in the same runs.
             if headline == "ensemble":

@@ -192,3 +192,22 @@ def test_the_table_by_level_groups_each_rows_clients_by_the_methods_levels():
                                          "B": [run(0.1, 0.2, 0.3), run(0.3, 0.2, 0.3)]})
     assert table.splitlines()[2:] == ["| row | rate 1 (1) | rate 1/2 (2) |", "|---|---|---|",
                                       "| A | 0.800 | 0.500 |", "| B | 0.200 | 0.250 |"]
+
+
+def test_fedrolex_rolling_pairs_the_two_methods_on_windows_that_roll_through_every_layer():
+    """reproduce/fedrolex_rolling.py: HeteroFL's and FedRolex's runs differ in the method
+    alone, and run at least as many rounds as the global model's widest layer has channels
+    (a window moves one channel a round)."""
+    import math
+    from fractions import Fraction
+
+    import fedrolex_rolling as page
+    from strategies.heterofl.maths import width_model
+    for _, split in (page.SPLITS[0], page.SPARSE):
+        a, b = page.settings_of("heterofl", split), page.settings_of("fedrolex", split)
+        assert {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} == {"method"}
+        assert common.run_config(b).settings.index_scheme == "rolling"
+    cfg = common.run_config(page.settings_of("fedrolex", {}))
+    model = width_model(cfg, Fraction(1), (1, 28, 28), 10)
+    widest = max(m.weight.shape[0] for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+    assert widest == math.ceil(512 * page.WIDTH) and page.ROUNDS >= widest
