@@ -9,8 +9,8 @@ through every layer many times. Here the global model is ``heterofl-conv`` at an
 width (8, 16, 32 and 64 channels: ``model-width``), trained for 64 rounds, as many as its
 widest layer has channels, so that every window rolls through its layer at least once; both
 methods at HeteroFL's recipe but one local epoch a round (the same work for both), levels
-a1-b1-c1-d1-e1, 10 clients of at most 300 Fashion-MNIST samples, IID and the pages' sparse
-split (Dirichlet 0.3, 30 % a round: rounds without a rate-1 client leave HeteroFL's outer
+a1-b1-c1-d1-e1, 10 clients of at most 300 Fashion-MNIST samples, IID and a sparse split
+(Dirichlet 0.3, 30 % a round: rounds without a rate-1 client leave HeteroFL's outer
 channels untrained). The claim, the paper's: FedRolex's global model (full width, the global
 test set) ≥ HeteroFL's, paired by seed.
 
