@@ -149,7 +149,9 @@ def test_a_walk_only_relays_and_is_reproducible(tmp_path, no_aggregation):
     # One seed, one walk, whatever order the replies come back in.
     shuffled, updates_shuffled, _ = run_async(
         tmp_path, "w2", shuffle=3, flat=relay_config("walk", topology="ring", walk_forward=0.3),
-        loop=WalkLoop)
+        loop=WalkLoop, grid_out=grids)
+    arrivals = [[(pid, config["expert"]) for pid, config, _, _ in g.trains] for g in grids]
+    assert arrivals[0] != arrivals[1], "the shuffled grid delivered the replies in one order"
     assert _visits(updates) == _visits(updates_shuffled)
     assert summary["accuracy"]["per_client"] == shuffled["accuracy"]["per_client"]
     assert (tmp_path / "w" / "topology.json").exists()
