@@ -196,18 +196,28 @@ def test_the_table_by_level_groups_each_rows_clients_by_the_methods_levels():
 
 def test_fedrolex_rolling_pairs_the_two_methods_on_windows_that_roll_through_every_layer():
     """reproduce/fedrolex_rolling.py: HeteroFL's and FedRolex's runs differ in the method
-    alone, and run at least as many rounds as the global model's widest layer has channels
-    (a window moves one channel a round)."""
+    alone (and, in dynamic mode, the method's own rate-mode key; every client draws the same
+    rate in both), and run at least as many rounds as the global model's widest layer has
+    channels (a window moves one channel a round)."""
     import math
     from fractions import Fraction
 
     import fedrolex_rolling as page
     from strategies.heterofl.maths import width_model
     for _, split in (page.SPLITS[0], page.SPARSE):
-        a, b = page.settings_of("heterofl", split), page.settings_of("fedrolex", split)
-        assert {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} == {"method"}
-        assert common.run_config(b).settings.index_scheme == "rolling"
-    cfg = common.run_config(page.settings_of("fedrolex", {}))
+        for mode in page.MODES:
+            a, b = (page.settings_of("heterofl", split, mode),
+                    page.settings_of("fedrolex", split, mode))
+            moved = {"heterofl.rate-mode", "fedrolex.rate-mode"} if mode == "dynamic" else set()
+            assert {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} == {"method"} | moved
+            ca, cb = common.run_config(a), common.run_config(b)
+            assert cb.settings.index_scheme == "rolling"
+            assert ca.settings.rate_mode == cb.settings.rate_mode == mode
+            assert all(ca.settings.client_rates(ca, r) == cb.settings.client_rates(cb, r)
+                       for r in (1, 2, 3))
+        drawn = common.run_config(page.settings_of("heterofl", split, "dynamic"))
+        assert len({drawn.settings.client_rates(drawn, r) for r in (1, 2, 3)}) > 1
+    cfg = common.run_config(page.settings_of("fedrolex", {}, "fix"))
     model = width_model(cfg, Fraction(1), (1, 28, 28), 10)
     widest = max(m.weight.shape[0] for m in model.modules() if isinstance(m, torch.nn.Conv2d))
     assert widest == math.ceil(512 * page.WIDTH) and page.ROUNDS >= widest

@@ -1,4 +1,4 @@
-"""DepthFL (Kim, Shin, Kim, Lee and Moon, "DepthFL: Depthwise Federated Learning for
+"""DepthFL (Kim, Yu, Kim and Moon, "DepthFL: Depthwise Federated Learning for
 Heterogeneous Clients", ICLR 2023): depth-scaled sub-models of one multi-exit global model.
 
 The global model (``depthfl.model``, ``client_models.depth_prefix``) has D stages and an exit
@@ -252,7 +252,7 @@ class DepthFL(FedStrategy):
         self.h = ({name: np.zeros(p.shape) for name, p in model.named_parameters()}
                   if self.settings.feddyn else {})
         # Caches of the current global model (not state): its prefixes and its module.
-        self._prefixes: tuple[int, dict[int, Payload]] = (0, {})
+        self._prefixes: tuple[Payload | None, dict[int, Payload]] = (None, {})
         self._predictor: tuple[Payload | None, DepthPrefixModel | None] = (None, None)
 
     def method_state(self) -> dict:
@@ -267,10 +267,12 @@ class DepthFL(FedStrategy):
     def prefix(self, depth: int) -> Payload:
         """The global model's depth-``depth`` prefix: one dict per depth and global model, so
         that it is encoded once per round for all the clients of that depth."""
-        key, cache = self._prefixes
-        if key != id(self.global_model):
+        # Keyed by the global model itself, not its id(): a later model may reuse a freed one's
+        # address.
+        model, cache = self._prefixes
+        if model is not self.global_model:
             cache = {}
-            self._prefixes = (id(self.global_model), cache)
+            self._prefixes = (self.global_model, cache)
         if depth not in cache:
             cache[depth] = {k: self.global_model[k]
                             for k in prefix_names(self.global_model, depth)}

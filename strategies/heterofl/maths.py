@@ -178,7 +178,7 @@ class HeteroFL(FedStrategy):
         self.global_model = state_arrays(model)
         self.fit_round = 0  # the round whose slices the uploads must have
         self._shapes: dict[Fraction, dict[str, tuple[int, ...]]] = {}
-        self._slices: tuple[int, dict] = (0, {})
+        self._slices: tuple[Payload | None, dict] = (None, {})
         self._predictor: tuple[Payload, nn.Module] | None = None
         self._label_rows: dict[int, np.ndarray] = {}
 
@@ -188,7 +188,7 @@ class HeteroFL(FedStrategy):
 
     def restore(self, server_round: int, method_state: dict) -> None:
         super().restore(server_round, method_state)
-        self._slices, self._predictor = (0, {}), None
+        self._slices, self._predictor = (None, {}), None
 
     # -- who holds which coordinates -------------------------------------------------------------
     @property
@@ -213,8 +213,10 @@ class HeteroFL(FedStrategy):
         dict per distinct (rate, window), so that it is encoded once for all its clients."""
         rate = self.settings.client_rates(self.cfg, server_round)[partition_id]
         key = (rate, window_offset(server_round) if self.index_scheme != "leading" else 0)
-        if self._slices[0] != id(self.global_model):
-            self._slices = (id(self.global_model), {})
+        # Keyed by the global model itself, not its id(): a later model may reuse a freed
+        # one's address.
+        if self._slices[0] is not self.global_model:
+            self._slices = (self.global_model, {})
         kept = self._slices[1]
         if key not in kept:
             kept[key] = extract(self.global_model, self.maps(partition_id, server_round))
