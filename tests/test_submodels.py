@@ -448,3 +448,55 @@ def test_fjord_client_receives_and_sends_its_slice_and_the_server_scores_every_w
     assert record["bytes_up"] == record["bytes_down"]
     assert set(record["server_accuracy"]) == {"width-0.2", "width-0.4", "width-0.6",
                                               "width-0.8", "width-1"}
+
+
+def test_fjord_self_distillation_is_the_baselines_two_backward_passes():
+    # Flower's models.train with knowledge_distillation: full_loss = CE(full, y) backward,
+    # then CE(partial, full.detach().softmax()) backward; one step on the summed gradients.
+    from strategies.fjord.maths import self_distillation
+    torch.manual_seed(0)
+    w = torch.randn(6, 4, requires_grad=True)
+    x, y = torch.randn(8, 6), torch.randint(0, 4, (8,))
+
+    def outputs():
+        full = x @ w
+        return full, (x[:, :3] @ w[:3]) * 0.5  # the "partial" width shares w's leading rows
+
+    full, partial = outputs()
+    torch.nn.functional.cross_entropy(full, y).backward()
+    torch.nn.functional.cross_entropy(partial, full.detach().softmax(dim=1)).backward()
+    baseline = w.grad.clone()
+    w.grad = None
+    full, partial = outputs()
+    self_distillation(full, partial, y, alpha=1.0, temperature=1.0).backward()
+    assert torch.allclose(w.grad, baseline, atol=1e-6)
+    # alpha = 0: labels alone for both widths; T scales the soft term by T^2 on softened logits.
+    full, partial = outputs()
+    ce = torch.nn.functional.cross_entropy
+    assert torch.isclose(self_distillation(full, partial, y, 0.0, 3.0), ce(full, y) + ce(partial, y))
+    soft = ce(partial / 3, (full.detach() / 3).softmax(1)) * 9
+    assert torch.isclose(self_distillation(full, partial, y, 0.5, 3.0),
+                         ce(full, y) + 0.5 * ce(partial, y) + 0.5 * soft)
+
+
+def test_fjord_self_distillation_trains_p_max_every_batch_and_is_checked(tmp_path):
+    # With kd the tier-1 client also runs its p_max = 1 output on every batch: its upload
+    # differs from the run without, and its width-1 statistics (index 4 of the five widths)
+    # have moved, whichever widths the batches drew.
+    from fedapp.runtime.payload import decode
+    seen = {}
+    for kd in (False, True):
+        fed, _ = recorded_federation(tmp_path / str(kd), "fjord", rounds=1, **SMALL,
+                                     model_width=0.25, **{"fjord.rates": "0.2,0.6,1",
+                                                          "fjord.kd": kd})
+        seen[kd] = {pid: (down, decode(res.parameters))
+                    for pid, (down, res) in fed.fit_round(1).items()}
+    (down, off), (_, on) = seen[False][2], seen[True][2]
+    assert off.keys() == on.keys()
+    assert any(not np.array_equal(off[k], on[k]) for k in off)
+    full_width = [k for k in on if k.endswith("running_mean_4")]
+    assert full_width and all(not np.array_equal(on[k], down[k]) for k in full_width)
+    with pytest.raises(ConfigError, match="fjord.kd-alpha"):
+        cfg_of(method="fjord", **SMALL, **{"fjord.kd-alpha": 1.5})
+    with pytest.raises(ConfigError, match="fjord.kd-temperature"):
+        cfg_of(method="fjord", **SMALL, **{"fjord.kd-temperature": 0.0})

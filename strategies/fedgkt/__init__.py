@@ -29,11 +29,13 @@ class FedGKTSettings:
     server_distill: bool = opt(False, "add KL_T(o_client || g(H)) to the server's CE "
                                "(whether_distill_on_the_server; the code's default is off)")
     server_weighting: str = opt(
-        "paper", "with server-distill: 'paper' = CE + alpha * KL, as on the client; 'code' = "
-        "KL + alpha * CE, the reference's server loss", choices=("paper", "code"))
+        "paper", "with server-distill: 'paper' = CE + alpha * KL, as on the client (the "
+        "spec's reading of the paper; docs/fedgkt.md); 'code' = KL + alpha * CE, the "
+        "reference's server loss", choices=("paper", "code"))
     server_order: str = opt(
         "clients", "order of the server's mini-batches: 'clients' (client after client in "
-        "partition order, each one's samples in id order: the reference) or 'shuffled' (all "
+        "partition order, each one's samples in id order: the reference with the unshuffled "
+        "loaders it means) or 'shuffled' (all "
         "the round's samples pooled and reshuffled every epoch, from a keyed generator)",
         choices=("clients", "shuffled"))
     server_logits: str = opt(

@@ -21,6 +21,17 @@ class FjORDSettings(SubmodelSettings):
         "ids (Flower's baseline: client c gets 0.2 * (c // 20 + 1) of 100)")
     widths: str = opt("0.2,0.4,0.6,0.8,1", "P, the widths a client samples from per batch "
                       "(those <= its p_max), comma-separated, each in (0, 1]")
+    kd: bool = opt(
+        False, "self-distillation (Flower's baseline's train_mode fjord_kd; its default "
+        "fjord is off): each batch also trains the client's p_max output with CE, and the "
+        "sampled width learns from that output's detached softmax instead of the labels")
+    kd_alpha: float = opt(
+        1.0, "with kd: the sampled width's loss is (1 - alpha) CE(labels) + alpha T^2 "
+        "CE(softmax(p_max output / T)); 1 = the baseline's (soft targets alone)", low=0.0,
+        high=1.0)
+    kd_temperature: float = opt(
+        1.0, "with kd: the distillation temperature T (the baseline's 1)", low=0.0,
+        low_open=True)
 
     def width_set(self) -> tuple[Fraction, ...]:
         return tuple(sorted({width_rate(t.strip()) for t in self.widths.split(",")}))

@@ -9,7 +9,8 @@ Each mini-batch it draws a width p uniformly from {p ∈ P : p ≤ p_max} and tr
 ⌈p·w⌉ channels of every layer at once (``client_models.width.set_width``: views of its own
 weights, so one optimizer updates every width); each width has its own affine-free BatchNorm
 statistics, with one shared affine sliced (Flower's ``ODBatchNorm2d``). Plain cross-entropy:
-no label mask, no Scaler. It uploads its whole slice, statistics included.
+no label mask, no Scaler; with ``fjord.kd``, self-distillation from the p_max output
+(:func:`self_distillation`). It uploads its whole slice, statistics included.
 
 Server (Flower's ``strategy.fjord_average``): for p from 1 down to the smallest width, the
 slice [:⌈p·w_out⌉, :⌈p·w_in⌉] becomes the n_k-weighted mean of the uploads of the clients with
@@ -47,6 +48,21 @@ def draw_widths(rng: np.random.Generator, widths: tuple[Fraction, ...], p_max: F
     return [allowed[i] for i in rng.integers(len(allowed), size=count)]
 
 
+def self_distillation(full: torch.Tensor, partial: torch.Tensor, y: torch.Tensor,
+                      alpha: float, temperature: float) -> torch.Tensor:
+    """One batch's loss with self-distillation, from the client's outputs at p_max (``full``)
+    and at the sampled width (``partial``): CE(full, y), plus the sampled width's
+    (1 - alpha) CE(partial, y) + alpha T^2 CE(partial / T, softmax(full / T)), the target
+    detached. At alpha = 1, T = 1 it is Flower's ``models.train`` with knowledge distillation,
+    whose two backward passes (``full_loss``, then ``partial_loss`` against
+    ``full_output.detach().softmax(dim=1)``) add up to this sum's gradient."""
+    t = temperature
+    soft = F.softmax(full.detach() / t, 1)
+    distilled = F.cross_entropy(partial / t, soft) * t * t
+    return (F.cross_entropy(full, y) + (1 - alpha) * F.cross_entropy(partial, y)
+            + alpha * distilled)
+
+
 class FjORDClient(SubmodelClient):
     """HeteroFL's client (its slice, built at its width) trained with ordered dropout."""
 
@@ -63,8 +79,16 @@ class FjORDClient(SubmodelClient):
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         rng, widths = self._sampler
         p = draw_widths(rng, widths, self.rate, 1)[0]
+        s: FjORDSettings = self.cfg.settings
+        full = None
+        if s.kd:  # the p_max output first, as the baseline (its width's statistics too)
+            set_width(self.model, None)
+            full = self.model(x)
         set_width(self.model, p if p < self.rate else None)
-        return F.cross_entropy(self.model(x), y)
+        partial = self.model(x)
+        if full is None:
+            return F.cross_entropy(partial, y)
+        return self_distillation(full, partial, y, s.kd_alpha, s.kd_temperature)
 
     def predictor(self) -> nn.Module:
         return self.model  # at p_max, with p_max's running statistics
