@@ -16,6 +16,10 @@ lowest. Three candidate causes, each changed alone:
   a wide one can: the same runs with 1,200 training images a client (20 rounds; four times the
   steps of every width, the outer ring's included).
 
+And one change of the method, which Flower's baseline plots beside its default: **self-
+distillation** (``fjord.kd``), with which a top-tier client trains its full width with
+cross-entropy on every batch and its sampled width against that output (20 rounds).
+
 Each run is the page's FjORD run (``reproduce/submodels_fmnist.py``'s settings: 10 clients of
 at most 300 Fashion-MNIST samples, every client every round) with a checkpoint after its last
 round, from which the global model is read. The 20-round runs are the page's runs again: the
@@ -48,27 +52,31 @@ from common import (ROOT, VERDICT_RULE, add_page_options, cell, claim_line,  # n
 from submodels_fmnist import BASE, QUICK, SPLITS  # noqa: E402
 
 SCRIPT = "reproduce/fjord_widths.py"
-# (rounds, training samples per client): the page's run, three times its rounds, four times its
-# data. QUICK_VARIANTS: the same three shapes for a pipeline check.
-VARIANTS = ((20, BASE["max-samples-per-client"]), (60, BASE["max-samples-per-client"]),
-            (20, 4 * BASE["max-samples-per-client"]))
-QUICK_VARIANTS = ((2, QUICK["max-samples-per-client"]), (4, QUICK["max-samples-per-client"]),
-                  (2, 2 * QUICK["max-samples-per-client"]))
+# (rounds, training samples per client, self-distillation): the page's run, three times its
+# rounds, four times its data, with fjord.kd. QUICK_VARIANTS: the same shapes for a pipeline
+# check.
+_N, _Q = BASE["max-samples-per-client"], QUICK["max-samples-per-client"]
+VARIANTS = ((20, _N, False), (60, _N, False), (20, 4 * _N, False), (20, _N, True))
+QUICK_VARIANTS = ((2, _Q, False), (4, _Q, False), (2, 2 * _Q, False), (2, _Q, True))
 # The page's FjORD runs, whose width accuracies the 20-round runs here must reproduce.
 PAGE_RUNS = ROOT / "results" / "reproduce-submodels"
 
 
-def settings_of(split: Mapping[str, Any], rounds: int, samples: int) -> dict[str, Any]:
+def settings_of(split: Mapping[str, Any], rounds: int, samples: int,
+                kd: bool = False) -> dict[str, Any]:
     """The page's FjORD run at ``rounds`` rounds and at most ``samples`` training samples a
-    client, with a checkpoint after its last round."""
+    client (``kd``: with self-distillation), with a checkpoint after its last round."""
     return {**BASE, **split, "method": "fjord", "num-server-rounds": rounds,
-            "max-samples-per-client": samples, "checkpoint-every": rounds}
+            "max-samples-per-client": samples, "checkpoint-every": rounds,
+            **({"fjord.kd": True} if kd else {})}
 
 
-def variant_label(rounds: int, samples: int, base_samples: int) -> str:
-    """A variant's name in the table: its rounds, and its samples where not the page's."""
-    return f"{rounds} rounds" + ("" if samples == base_samples else
-                                 f", {samples:,} samples a client")
+def variant_label(rounds: int, samples: int, kd: bool, base_samples: int) -> str:
+    """A variant's name in the table: its rounds, its samples where not the page's, and
+    self-distillation where on."""
+    return (f"{rounds} rounds" + ("" if samples == base_samples else
+                                  f", {samples:,} samples a client")
+            + (", self-distillation" if kd else ""))
 
 
 def width_accuracies(model: Any, widths: Sequence[Fraction], test: tuple[Any, Any],
@@ -206,6 +214,15 @@ def table(split: str, by_variant: Mapping[str, list[dict[str, Any]]],
         lines.append("- " + claim_line(
             f"{variant}, p = 1: statistics recomputed", "as trained", runs, runs,
             lambda r: r["recomputed"][top], lambda r: r["as-trained"][top]))
+    # Self-distillation against the same run without it (same seeds, same partitions).
+    for variant, runs in by_variant.items():
+        base = variant.removesuffix(", self-distillation")
+        if base != variant and base in by_variant:
+            for reading in ("as-trained", "recomputed"):
+                lines.append("- " + claim_line(
+                    f"{variant}, p = 1, statistics {reading.replace('-', ' ')}",
+                    f"{base} without it", runs, by_variant[base],
+                    lambda r, k=reading: r[k][top], lambda r, k=reading: r[k][top]))
     return "\n".join(lines)
 
 
@@ -226,10 +243,11 @@ def main() -> None:
     base_samples = variants[0][1]
     splits = [(name, s) for name, s in SPLITS if name in args.splits]
 
-    def experiments(split: str, split_settings: dict, rounds: int, samples: int):
-        more = "" if samples == base_samples else f"-{samples}-samples"
-        return [(None, {**settings_of(split_settings, rounds, samples), **extra, "seed": seed,
-                        **resources}, f"{slug(split.split()[0])}-{rounds}-rounds{more}-seed{seed}")
+    def experiments(split: str, split_settings: dict, rounds: int, samples: int, kd: bool):
+        more = ("" if samples == base_samples else f"-{samples}-samples") + ("-kd" if kd else "")
+        return [(None, {**settings_of(split_settings, rounds, samples, kd), **extra,
+                        "seed": seed, **resources},
+                 f"{slug(split.split()[0])}-{rounds}-rounds{more}-seed{seed}")
                 for seed in seeds]
 
     plan = [(split, s, *v) for split, s in splits for v in variants]
@@ -239,9 +257,9 @@ def main() -> None:
     tables, missing = [], []
     for split, split_settings in splits:
         by_variant, page_runs = {}, None
-        for rounds, samples in variants:
-            label = variant_label(rounds, samples, base_samples)
-            todo = experiments(split, split_settings, rounds, samples)
+        for rounds, samples, kd in variants:
+            label = variant_label(rounds, samples, kd, base_samples)
+            todo = experiments(split, split_settings, rounds, samples, kd)
             if args.table_only and any(
                     finished(out, n) is None or not (statistics_path(out, n).exists()
                                                       or (out / n / "checkpoint").is_dir())
@@ -252,7 +270,7 @@ def main() -> None:
             by_variant[label] = [readings(out, n, settings) for _, settings, n in todo]
             for (_, _, name), run, read in zip(todo, summaries, by_variant[label]):
                 check_reading(name, run, read)
-            if (rounds, samples) == VARIANTS[0]:
+            if (rounds, samples, kd) == VARIANTS[0]:
                 page_runs = summaries
         if not by_variant:
             continue
