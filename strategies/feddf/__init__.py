@@ -44,8 +44,9 @@ class FedDFSettings:
         "is kept")
     validation_every: int = opt(100, "steps between two validations (code: 100)", low=1)
     early_stopping_patience: int = opt(
-        2000, "steps without a better validation accuracy before the distillation stops "
-        "(the code's aggregate(): 2000; its solver's signature default: 1000)", low=1)
+        1000, "steps without a better validation accuracy before the distillation stops "
+        "(the README's commands' early_stopping_server_batches: 1000; the code's "
+        "aggregate() falls back to 2000 when none is given)", low=1)
     validation_fraction: float = opt(
         0.1, "share of the public set held out, with its labels, for early stopping (the "
         "code's val_data_ratio: 0.1 of the training data); used only with early-stopping",

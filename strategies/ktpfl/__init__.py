@@ -16,7 +16,8 @@ class KTpFLSettings:
     """``ktpfl.*``: the alignment set, the soft predictions, the knowledge-coefficient update
     and the clients' distillation and local epochs. Defaults: the authors' code
     (cugzj/KT-pFL @a08a01f, ``src/engine_kt_pfl.py`` with
-    ``conf/EMNIST_imbalance_10models_T10_10local_p1.0.json``)."""
+    ``conf/EMNIST_imbalance_10models_T10_10local_p1.0.json``), but for ``alignment-replacement``
+    (the code draws A_t with replacement; docs/ktpfl.md says why not here)."""
 
     alignment_size: int = opt(
         5000, "public samples A_t every client scores and distils on per round, redrawn "
