@@ -15,9 +15,8 @@ channels untrained). The claim, the paper's: FedRolex's global model (full width
 test set) ≥ HeteroFL's, paired by seed.
 
 Each split runs twice: with every client's rate fixed (``rate-mode = "fix"``, the pages'
-setting) and drawn anew every round (``"dynamic"``), the mode of every experiment in FedRolex's
-paper (its README's commands; the authors, AIoT-MLSys-Lab/FedRolex#5: "we compared only with
-dynamic"). Under a fixed rate a narrow client's rolling window is a new sub-network every
+setting) and drawn anew every round (``"dynamic"``), the mode of every command in FedRolex's
+README (``dynamic`` in each ``--control_name``). Under a fixed rate a narrow client's rolling window is a new sub-network every
 round, where HeteroFL's narrow client keeps one; drawn anew, HeteroFL's clients change
 sub-networks too.
 
