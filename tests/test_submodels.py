@@ -473,7 +473,8 @@ def test_fjord_self_distillation_is_the_baselines_two_backward_passes():
     # alpha = 0: labels alone for both widths; T scales the soft term by T^2 on softened logits.
     full, partial = outputs()
     ce = torch.nn.functional.cross_entropy
-    assert torch.isclose(self_distillation(full, partial, y, 0.0, 3.0), ce(full, y) + ce(partial, y))
+    assert torch.isclose(self_distillation(full, partial, y, 0.0, 3.0),
+                         ce(full, y) + ce(partial, y))
     soft = ce(partial / 3, (full.detach() / 3).softmax(1)) * 9
     assert torch.isclose(self_distillation(full, partial, y, 0.5, 3.0),
                          ce(full, y) + 0.5 * ce(partial, y) + 0.5 * soft)
