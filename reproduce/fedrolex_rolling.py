@@ -16,11 +16,11 @@ test set) ≥ HeteroFL's, paired by seed.
 
 Each split runs twice: with every client's rate fixed (``rate-mode = "fix"``, the pages'
 setting) and drawn anew every round (``"dynamic"``), the mode of every command in FedRolex's
-README (``dynamic`` in each ``--control_name``). Under a fixed rate a narrow client's rolling window is a new sub-network every
-round, where HeteroFL's narrow client keeps one; drawn anew, HeteroFL's clients change
-sub-networks too.
+README (``dynamic`` in each ``--control_name``). Under a fixed rate a narrow client's rolling
+window is a new sub-network every round, where HeteroFL's narrow client keeps one; drawn anew,
+HeteroFL's clients change sub-networks too.
 
-    .venv/bin/python reproduce/fedrolex_rolling.py                # 3 seeds, both splits, both modes
+    .venv/bin/python reproduce/fedrolex_rolling.py                # 3 seeds, both splits and modes
     .venv/bin/python reproduce/fedrolex_rolling.py --table-only   # runs nothing
     .venv/bin/python reproduce/fedrolex_rolling.py --quick        # a pipeline check
 
